@@ -1,0 +1,163 @@
+"""The ``rlpost`` command line.
+
+    rlpost train    --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...] [--print_config]
+    rlpost validate --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...]
+    rlpost plugins list [--json] [--all]
+
+Recipes are merged in order (later files overlay earlier ones), then ``--a.b value`` overrides apply (values are
+parsed as YAML; ``--sampler.k 4`` means ``sampler.init_args.k``). ``rlpost train --help`` lists every option with
+the help text taken from the components' docstrings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from rlpost.plugins import PluginHost, get_host
+from rlpost.recipe import Recipe, RecipeError, build_parser, merge_sources, validate
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """Bad command-line usage."""
+
+
+def _split_args(args: Sequence[str]) -> tuple[list[str], list[tuple[str, str]], set[str]]:
+    """Split ``--recipe`` files, ``--key value`` overrides and flags (``--print_config``, ``--help``)."""
+    recipes: list[str] = []
+    overrides: list[tuple[str, str]] = []
+    flags: set[str] = set()
+    items = list(args)
+    i = 0
+    while i < len(items):
+        token = items[i]
+        if token in ("-h", "--help", "--print_config"):
+            flags.add(token.lstrip("-").replace("h", "help") if token == "-h" else token.lstrip("-"))
+            i += 1
+            continue
+        if not token.startswith("--"):
+            raise UsageError(f"unexpected argument {token!r} (options look like --recipe FILE or --a.b VALUE)")
+        key, eq, value = token[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(items):
+                raise UsageError(f"option --{key} needs a value")
+            value = items[i + 1]
+            i += 1
+        i += 1
+        if key in ("recipe", "config"):
+            recipes.append(value)
+        else:
+            overrides.append((key, value))
+    return recipes, overrides, flags
+
+
+def _load(args: Sequence[str], host: PluginHost) -> tuple[Recipe | None, set[str]]:
+    recipes, overrides, flags = _split_args(args)
+    if "help" in flags:
+        build_parser().print_help()
+        return None, flags
+    if not recipes:
+        raise UsageError("give at least one --recipe FILE")
+    return validate(merge_sources(recipes, overrides), host), flags
+
+
+def _print_derived(recipe: Recipe, console: Console) -> None:
+    table = Table(title="derived quantities (per training step)", show_header=False)
+    for key, value in recipe.derived().items():
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+def cmd_validate(args: Sequence[str]) -> int:
+    """Validate recipes without loading any model; exit 0 when valid, 2 with every problem listed otherwise."""
+    console = Console(stderr=True)
+    recipe, _ = _load(args, get_host())
+    if recipe is None:
+        return 0
+    _print_derived(recipe, console)
+    console.print(
+        f"[green]recipe OK[/green]: sampler={recipe.sampler.name} advantage={recipe.advantage.name} "
+        f"optimizer={recipe.optimizer.name} rewards={[r.name for r in recipe.rewards]}"
+    )
+    return 0
+
+
+def cmd_train(args: Sequence[str]) -> int:
+    """Validate the recipe, print derived quantities, and run the training loop."""
+    from rlpost.progress import RichProgress
+    from rlpost.runner import Runner
+
+    host = get_host()
+    recipe, flags = _load(args, host)
+    if recipe is None:
+        return 0
+    if "print_config" in flags:
+        sys.stdout.write(yaml.safe_dump(recipe.config, sort_keys=False))
+        return 0
+    console = Console(stderr=True)
+    _print_derived(recipe, console)
+    runner = Runner(recipe, host)
+    if recipe.run.progress and runner.ctx.is_main_process:
+        host.register_plugin(RichProgress(console), name="rlpost.progress")
+    try:
+        runner.run()
+    finally:
+        host.unregister_plugin("rlpost.progress")
+    return 0
+
+
+def cmd_plugins(argv: Sequence[str]) -> int:
+    """List plugins with their version, components, hooks, status and load error."""
+    parser = argparse.ArgumentParser(prog="rlpost plugins")
+    sub = parser.add_subparsers(dest="action", required=True)
+    ls = sub.add_parser("list", help="list installed plugins")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument("--all", action="store_true", help="include core built-in modules")
+    ns = parser.parse_args(argv)
+    infos = get_host().plugins(include_builtin=ns.all)
+    if ns.json:
+        print(json.dumps([info.to_json() for info in infos], indent=2))
+        return 0
+    table = Table(title="rlpost plugins")
+    for column in ("name", "distribution", "version", "status", "components", "hooks"):
+        table.add_column(column)
+    for info in infos:
+        status = info.status if info.error is None else f"{info.status}: {info.error}"
+        table.add_row(info.name, info.distribution, info.version, status, "\n".join(info.components),
+                      "\n".join(info.hooks))
+    Console().print(table)
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "validate": cmd_validate, "plugins": cmd_plugins}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rlpost`` console script; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
+        print(__doc__.strip(), file=sys.stderr)
+        if args and args[0] not in ("-h", "--help"):
+            print(f"\nrlpost: unknown command {args[0]!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+            return 2
+        return 0 if args else 2
+    try:
+        return COMMANDS[args[0]](args[1:])
+    except RecipeError as exc:
+        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
+        return 2
+    except (UsageError, FileExistsError) as exc:
+        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

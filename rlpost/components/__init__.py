@@ -1,0 +1,1 @@
+"""Components shared by several algorithms, registered by the core (``rlpost.builtin``)."""

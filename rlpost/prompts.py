@@ -1,0 +1,218 @@
+"""Prompt sources (local text/JSONL/CSV files, inline lists, Hugging Face ``datasets``) and the seeded prompt stream.
+
+The stream shuffles the prompt list with a generator seeded from ``(seed, epoch)``, so the order of every epoch is
+reproducible and independent of how many steps earlier epochs took; its state is two integers (epoch, position).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from rlpost.api import PromptSource
+from rlpost.contract import PromptBatch
+from rlpost.hookspecs import hookimpl
+
+__all__ = ["HFDatasetPrompts", "PromptFile", "PromptList", "PromptStream"]
+
+
+class PromptList(PromptSource):
+    """Prompts given inline in the recipe.
+
+    Args:
+        prompts: The prompts.
+        metadata: Optional metadata dict per prompt (same length as ``prompts``).
+    """
+
+    name: ClassVar[str] = "prompt-list"
+
+    def __init__(self, prompts: list[str], metadata: list[dict[str, Any]] | None = None) -> None:
+        self.prompts = list(prompts)
+        self.metadata = metadata
+
+    def validate(self, recipe: Any) -> list[str]:
+        """Check the list is non-empty and metadata aligns."""
+        problems = []
+        if not self.prompts:
+            problems.append("prompts.init_args.prompts: the prompt list is empty")
+        if self.metadata is not None and len(self.metadata) != len(self.prompts):
+            problems.append(
+                f"prompts.init_args.metadata: {len(self.metadata)} entries for {len(self.prompts)} prompts"
+            )
+        return problems
+
+    def load(self) -> list[tuple[str, dict[str, Any]]]:
+        """Return the inline prompts with their metadata."""
+        meta = self.metadata or [{} for _ in self.prompts]
+        return [(p, dict(m)) for p, m in zip(self.prompts, meta, strict=True)]
+
+
+class PromptFile(PromptSource):
+    """Prompts from a local file: ``.txt`` (one per line), ``.jsonl`` (objects with a prompt field; the other fields
+    become metadata), ``.json`` (a list of strings or objects) or ``.csv`` (a header row with a prompt column).
+
+    Args:
+        path: The file.
+        field: Name of the prompt field/column for JSONL, JSON objects and CSV.
+        limit: Keep only the first ``limit`` prompts (after reading, before shuffling).
+    """
+
+    name: ClassVar[str] = "prompt-file"
+
+    def __init__(self, path: str, field: str = "prompt", limit: int | None = None) -> None:
+        self.path = path
+        self.field = field
+        self.limit = limit
+
+    def validate(self, recipe: Any) -> list[str]:
+        """Check the file exists and has a supported suffix."""
+        p = Path(self.path)
+        if not p.is_file():
+            return [f"prompts.init_args.path: prompt file not found: {self.path}"]
+        if p.suffix not in (".txt", ".jsonl", ".json", ".csv"):
+            return [f"prompts.init_args.path: unsupported prompt file type {p.suffix!r} (txt, jsonl, json, csv)"]
+        return []
+
+    def load(self) -> list[tuple[str, dict[str, Any]]]:
+        """Read the file.
+
+        Raises:
+            ValueError: Naming the file and line of a malformed record.
+        """
+        p = Path(self.path)
+        rows: list[tuple[str, dict[str, Any]]] = []
+        if p.suffix == ".txt":
+            rows = [(line.strip(), {}) for line in p.read_text().splitlines() if line.strip()]
+        elif p.suffix == ".jsonl":
+            for n, line in enumerate(p.read_text().splitlines(), 1):
+                if line.strip():
+                    rows.append(self._record(json.loads(line), f"{p}:{n}"))
+        elif p.suffix == ".json":
+            data = json.loads(p.read_text())
+            if not isinstance(data, list):
+                raise ValueError(f"{p}: expected a JSON list of prompts")
+            rows = [self._record(item, f"{p}[{i}]") for i, item in enumerate(data)]
+        else:
+            with p.open(newline="") as fh:
+                rows = [self._record(dict(r), f"{p}:{i + 2}") for i, r in enumerate(csv.DictReader(fh))]
+        if self.limit is not None:
+            rows = rows[: self.limit]
+        if not rows:
+            raise ValueError(f"{p}: no prompts found")
+        return rows
+
+    def _record(self, item: Any, where: str) -> tuple[str, dict[str, Any]]:
+        if isinstance(item, str):
+            return item, {}
+        if not isinstance(item, dict) or not isinstance(item.get(self.field), str):
+            raise ValueError(f"{where}: expected an object with a string field {self.field!r}")
+        meta = {k: v for k, v in item.items() if k != self.field}
+        return item[self.field], meta
+
+
+class HFDatasetPrompts(PromptSource):
+    """Prompts from a Hugging Face ``datasets`` dataset: a hub id (for users with internet, e.g. the HPDv2 training
+    prompts) or a local builder/data files (``parquet``, ``json``, ``csv``) when offline.
+
+    Args:
+        path: Dataset id or builder name (``parquet``, ``json``, ``csv``) or a local dataset directory.
+        split: Split to read.
+        column: Column holding the prompt; other columns become metadata.
+        data_files: Local data files for builder names.
+        limit: Keep only the first ``limit`` prompts.
+    """
+
+    name: ClassVar[str] = "hf-dataset"
+
+    def __init__(
+        self,
+        path: str,
+        split: str = "train",
+        column: str = "prompt",
+        data_files: str | list[str] | None = None,
+        limit: int | None = None,
+    ) -> None:
+        self.path = path
+        self.split = split
+        self.column = column
+        self.data_files = data_files
+        self.limit = limit
+
+    def load(self) -> list[tuple[str, dict[str, Any]]]:
+        """Load the split and return ``(prompt, metadata)`` pairs.
+
+        Raises:
+            ValueError: If the column is missing.
+        """
+        import datasets  # heavy import, only when used
+
+        ds = datasets.load_dataset(self.path, data_files=self.data_files, split=self.split)
+        if self.column not in ds.column_names:
+            raise ValueError(f"dataset {self.path!r} has no column {self.column!r} (columns: {ds.column_names})")
+        n = len(ds) if self.limit is None else min(self.limit, len(ds))
+        rows = []
+        for record in ds.select(range(n)):
+            meta = {k: v for k, v in record.items() if k != self.column}
+            rows.append((str(record[self.column]), meta))
+        return rows
+
+
+class PromptStream:
+    """Deterministic, epoch-aware stream of prompt groups.
+
+    Args:
+        items: ``(prompt, metadata)`` pairs.
+        seed: Root seed; epoch ``e`` is shuffled with a generator seeded ``seed * 1_000_003 + e``.
+        shuffle: Shuffle each epoch (otherwise file order).
+    """
+
+    def __init__(self, items: list[tuple[str, dict[str, Any]]], seed: int, shuffle: bool = True) -> None:
+        if not items:
+            raise ValueError("PromptStream: no prompts")
+        self.items = items
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.items)))
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(len(self.items), generator=gen).tolist()
+
+    def next_batch(self, num_groups: int, samples_per_group: int) -> PromptBatch:
+        """The next ``num_groups`` prompts (crossing epoch boundaries as needed)."""
+        prompts, metadata = [], []
+        for _ in range(num_groups):
+            if self.position == len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._permutation(self.epoch)
+            prompt, meta = self.items[self._order[self.position]]
+            self.position += 1
+            prompts.append(prompt)
+            metadata.append(dict(meta))
+        return PromptBatch(prompts=prompts, metadata=metadata, samples_per_group=samples_per_group)
+
+    def state_dict(self) -> dict[str, int]:
+        """Epoch and position (the permutation is recomputed from the seed)."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._permutation(self.epoch)
+
+
+@hookimpl
+def rlpost_register_prompt_sources(register: Any) -> None:
+    """Register the built-in prompt sources."""
+    register(PromptList)
+    register(PromptFile)
+    register(HFDatasetPrompts)

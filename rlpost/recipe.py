@@ -1,0 +1,416 @@
+"""Recipes: YAML files (with overlays and ``--a.b value`` overrides) that choose and configure every component.
+
+A recipe has these top-level keys::
+
+    run:             RunConfig (seed, output_dir, steps, groups per step, ...)
+    model:           a Policy          (e.g. class_path: sd3)
+    prompts:         a PromptSource    (e.g. class_path: prompt-file)
+    sampler:         a Sampler         (e.g. class_path: tree)
+    rewards:         a list of RewardSource
+    reward_weights:  {reward name: weight}, default 1.0 each
+    advantage:       an AdvantageEstimator
+    optimizer:       a PolicyOptimizer (the policy-update rule, e.g. class_path: clipped-surrogate)
+    torch_optimizer: a torch optimizer factory (class_path: torch.optim.AdamW, init_args: {lr: ...})
+
+Components are chosen by their registered short name (``tree``), their class name, or a dotted ``class_path``,
+with arguments in ``init_args`` (``{class_path: tree, k: 3}`` is accepted as shorthand). Swapping one component is
+a one-line overlay. Validation (:func:`validate`) reports **all** problems at once, each naming its field, before any
+model is loaded: jsonargparse checks types and argument names per component, then cross-component checks run.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from jsonargparse import ArgumentParser
+
+from rlpost.api import (
+    AdvantageEstimator,
+    Component,
+    Policy,
+    PolicyOptimizer,
+    PromptSource,
+    RewardSource,
+    Sampler,
+    StepCounts,
+)
+from rlpost.plugins import PluginHost
+from rlpost.registry import suggest
+
+__all__ = [
+    "COMPONENT_KEYS",
+    "Recipe",
+    "RecipeError",
+    "RunConfig",
+    "build_parser",
+    "load_recipe",
+    "merge_sources",
+    "validate",
+]
+
+OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+
+
+@dataclass
+class RunConfig:
+    """Run-level settings.
+
+    Attributes:
+        seed: Root seed; every RNG stream (prompt order, initial noise, SDE noise, minibatches) derives from it.
+        output_dir: Run directory. The resolved recipe and versions are written there and never overwritten.
+        max_steps: Number of training steps (rollout -> rewards -> advantages -> update).
+        groups_per_step: Prompt groups (unique prompt draws) per step, across all ranks.
+        samples_per_group: Images per group for chain samplers (the GRPO group size); tree samplers derive their
+            leaf count from their shape instead.
+        device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
+        max_grad_norm: Gradient-norm clip applied at every optimizer step; null disables clipping.
+        progress: Show the rich progress bar and summary table (main process only).
+        log_every: Write metrics to ``metrics.jsonl`` every N steps.
+    """
+
+    seed: int = 0
+    output_dir: str = "runs/rlpost"
+    max_steps: int = 10
+    groups_per_step: int = 2
+    samples_per_group: int = 4
+    device: str = "auto"
+    max_grad_norm: float | None = 1.0
+    progress: bool = True
+    log_every: int = 1
+
+
+# Top-level key -> (base class, is_list). ``run``, ``reward_weights``, ``torch_optimizer`` and ``lr_scheduler`` are
+# handled separately.
+COMPONENT_KEYS: dict[str, tuple[type[Component], str]] = {
+    "model": (Policy, "model"),
+    "prompts": (PromptSource, "prompts"),
+    "sampler": (Sampler, "sampler"),
+    "advantage": (AdvantageEstimator, "advantage"),
+    "optimizer": (PolicyOptimizer, "optimizer"),
+}
+LIST_KEYS: dict[str, tuple[type[Component], str]] = {"rewards": (RewardSource, "reward")}
+OTHER_KEYS = ("run", "reward_weights", "torch_optimizer", "lr_scheduler")
+REQUIRED_KEYS = ("model", "prompts", "sampler", "rewards", "advantage", "optimizer", "torch_optimizer")
+ALL_KEYS = (*COMPONENT_KEYS, *LIST_KEYS, *OTHER_KEYS)
+
+
+class RecipeError(Exception):
+    """A recipe failed validation; ``problems`` lists every problem, each naming its field."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid recipe:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+@dataclass
+class Recipe:
+    """A validated recipe with instantiated (not yet set-up) components.
+
+    Attributes:
+        run: Run settings.
+        model: The policy adapter (weights load in ``setup``).
+        prompts: Prompt source.
+        sampler: Sampler.
+        rewards: Reward sources.
+        reward_weights: Weight per reward name.
+        advantage: Advantage estimator.
+        optimizer: Policy-update rule.
+        torch_optimizer: Factory building the torch optimizer from the trainable parameters.
+        lr_scheduler: Optional factory building an LR scheduler from the torch optimizer.
+        config: The resolved recipe as plain data (what is written to the run directory).
+    """
+
+    run: RunConfig
+    model: Policy
+    prompts: PromptSource
+    sampler: Sampler
+    rewards: list[RewardSource]
+    reward_weights: dict[str, float]
+    advantage: AdvantageEstimator
+    optimizer: PolicyOptimizer
+    torch_optimizer: OptimizerFactory
+    lr_scheduler: SchedulerFactory | None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def counts(self) -> StepCounts:
+        """Closed-form per-step counts from the sampler for this recipe's batch shape."""
+        return self.sampler.counts(self.run.groups_per_step, self.run.samples_per_group)
+
+    def derived(self) -> dict[str, int]:
+        """Derived quantities printed at start-up (never configured directly)."""
+        c = self.counts()
+        return {
+            "groups per step": self.run.groups_per_step,
+            "images per step": c.images,
+            "trainable edges per step": c.trainable_edges,
+            "NFE per step (rollout)": c.rollout_forwards,
+            "NFE per step (training, fwd+bwd)": c.train_forwards,
+        }
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def _deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``overlay`` into ``base``. A component whose ``class_path`` changes is replaced, not merged, so an
+    overlay swapping the sampler does not inherit the old sampler's arguments."""
+    out = copy.deepcopy(base)
+    for key, value in overlay.items():
+        old = out.get(key)
+        if isinstance(old, dict) and isinstance(value, dict):
+            swapped = "class_path" in value and old.get("class_path") != value["class_path"]
+            out[key] = copy.deepcopy(value) if swapped else _deep_merge(old, value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError([f"recipe file not found: {path}"])
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise RecipeError([f"{path}: not valid YAML: {exc}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError([f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}"])
+    return data
+
+
+def _set_path(cfg: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in ``cfg``; for components, ``sampler.k`` means ``sampler.init_args.k``."""
+    parts = dotted.split(".")
+    node = cfg
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[part] = nxt
+        node = nxt
+        is_component = i == 0 and parts[0] in COMPONENT_KEYS
+        if is_component and parts[1] not in ("class_path", "init_args"):
+            node = node.setdefault("init_args", {})
+    leaf = parts[-1]
+    if len(parts) == 1 and parts[0] in COMPONENT_KEYS and isinstance(value, str):
+        value = {"class_path": value}
+    if leaf == "class_path" and node.get("class_path") not in (None, value):
+        node.pop("init_args", None)  # switching class: the old arguments do not apply
+    node[leaf] = value
+
+
+def merge_sources(recipes: Sequence[str], overrides: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """Merge recipe files (later ones overlay earlier ones) and ``--a.b value`` overrides (values parsed as YAML).
+
+    Raises:
+        RecipeError: If a file is missing or not a YAML mapping.
+    """
+    cfg: dict[str, Any] = {}
+    for path in recipes:
+        cfg = _deep_merge(cfg, _read_yaml(path))
+    for dotted, raw in overrides:
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        _set_path(cfg, dotted, value)
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------- name resolution
+
+
+def _resolve_component(value: Any, field_name: str, kind: str, host: PluginHost, problems: list[str]) -> Any:
+    """Translate a registered short name into a dotted class_path; flatten ``{class_path, k: v}`` shorthand."""
+    if isinstance(value, str):
+        value = {"class_path": value}
+    if not isinstance(value, dict):
+        problems.append(f"{field_name}: expected a component ({{class_path: ..., init_args: ...}}), got {value!r}")
+        return None
+    value = dict(value)
+    extra = {k: value.pop(k) for k in list(value) if k not in ("class_path", "init_args", "dict_kwargs")}
+    if extra:
+        value["init_args"] = {**value.get("init_args", {}), **extra}
+    class_path = value.get("class_path")
+    if not isinstance(class_path, str):
+        problems.append(f"{field_name}.class_path: missing; choose one of {host.registry(kind).names()}")
+        return None
+    registry = host.registry(kind)
+    if class_path in registry:
+        value["class_path"] = registry.get(class_path).class_path
+    elif "." not in class_path:
+        by_class = [e for e in registry.entries() if e.cls.__name__ == class_path]
+        if by_class:
+            value["class_path"] = by_class[0].class_path
+        else:
+            problems.append(
+                f"{field_name}.class_path: unknown {kind} {class_path!r}{suggest(class_path, registry.names())} "
+                f"(available: {', '.join(registry.names()) or 'none'})"
+            )
+            return None
+    return value
+
+
+def _check_with_parser(key: str, typ: Any, value: Any, problems: list[str]) -> Any:
+    """Type-check one section with jsonargparse; on failure record the message prefixed with the field name."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument(f"--{key}", type=typ)
+    try:
+        ns = parser.parse_object({key: value})
+        return parser.instantiate_classes(ns)[key]
+    except Exception as exc:  # noqa: BLE001 - jsonargparse raises several types; all are recipe problems
+        problems.append(f"{key}: {_clean(str(exc), key)}")
+        return None
+
+
+def _clean(message: str, key: str) -> str:
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    text = " ".join(lines)
+    return text.replace(f'Parser key "{key}":', "").strip()
+
+
+def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
+    """Validate a merged recipe and instantiate its components (no weights are loaded).
+
+    Raises:
+        RecipeError: Listing every problem found, each naming the offending field.
+    """
+    problems: list[str] = []
+    for key in cfg:
+        if key not in ALL_KEYS:
+            problems.append(f"{key}: unknown top-level key{suggest(key, list(ALL_KEYS))}")
+    for key in REQUIRED_KEYS:
+        if key not in cfg:
+            problems.append(f"{key}: missing (required)")
+    built: dict[str, Any] = {}
+    resolved: dict[str, Any] = {}
+    run_value = cfg.get("run", {})
+    built["run"] = _check_with_parser("run", RunConfig, run_value, problems)
+    resolved["run"] = dataclasses.asdict(built["run"]) if built["run"] is not None else run_value
+    for key, (base, kind) in COMPONENT_KEYS.items():
+        if key not in cfg:
+            continue
+        value = _resolve_component(cfg[key], key, kind, host, problems)
+        if value is not None:
+            resolved[key] = value
+            built[key] = _check_with_parser(key, base, value, problems)
+    rewards_raw = cfg.get("rewards", [])
+    if "rewards" in cfg and (not isinstance(rewards_raw, list) or not rewards_raw):
+        problems.append("rewards: expected a non-empty list of reward sources")
+        rewards_raw = []
+    built["rewards"], resolved["rewards"] = [], []
+    for i, item in enumerate(rewards_raw):
+        value = _resolve_component(item, f"rewards[{i}]", "reward", host, problems)
+        if value is None:
+            continue
+        resolved["rewards"].append(value)
+        reward = _check_with_parser("rewards", list[RewardSource], [value], problems)
+        if reward is not None:
+            built["rewards"].extend(reward)
+        elif problems and problems[-1].startswith("rewards:"):
+            problems[-1] = problems[-1].replace("rewards:", f"rewards[{i}]:", 1)
+    if "torch_optimizer" in cfg:
+        resolved["torch_optimizer"] = cfg["torch_optimizer"]
+        built["torch_optimizer"] = _check_with_parser("torch_optimizer", OptimizerFactory, cfg["torch_optimizer"], problems)
+    built["lr_scheduler"] = None
+    if cfg.get("lr_scheduler") is not None:
+        resolved["lr_scheduler"] = cfg["lr_scheduler"]
+        built["lr_scheduler"] = _check_with_parser("lr_scheduler", SchedulerFactory, cfg["lr_scheduler"], problems)
+    weights = cfg.get("reward_weights", {}) or {}
+    if not isinstance(weights, dict) or not all(isinstance(v, (int, float)) for v in weights.values()):
+        problems.append(f"reward_weights: expected a mapping of reward name to number, got {weights!r}")
+        weights = {}
+    if problems:
+        raise RecipeError(problems)
+    reward_names = [r.name for r in built["rewards"]]
+    problems.extend(_check_rewards(reward_names, weights))
+    full_weights = {name: float(weights.get(name, 1.0)) for name in reward_names}
+    resolved["reward_weights"] = full_weights
+    recipe = Recipe(
+        run=built["run"],
+        model=built["model"],
+        prompts=built["prompts"],
+        sampler=built["sampler"],
+        rewards=built["rewards"],
+        reward_weights=full_weights,
+        advantage=built["advantage"],
+        optimizer=built["optimizer"],
+        torch_optimizer=built["torch_optimizer"],
+        lr_scheduler=built["lr_scheduler"],
+        config=resolved,
+    )
+    problems.extend(_cross_checks(recipe))
+    if problems:
+        raise RecipeError(problems)
+    return recipe
+
+
+def _check_rewards(names: list[str], weights: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    if len(set(names)) != len(names):
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        problems.append(f"rewards: reward source(s) {dupes} listed twice")
+    for name, weight in weights.items():
+        if name not in names:
+            problems.append(f"reward_weights.{name}: names no reward in 'rewards'{suggest(name, names)}")
+        elif weight < 0:
+            problems.append(f"reward_weights.{name}: negative weight {weight} (use a reward that scores the opposite)")
+    if names and all(float(weights.get(n, 1.0)) == 0.0 for n in names):
+        problems.append("reward_weights: all weights are zero; at least one reward must count")
+    return problems
+
+
+def _cross_checks(recipe: Recipe) -> list[str]:
+    problems: list[str] = []
+    run = recipe.run
+    for name in ("max_steps", "groups_per_step", "samples_per_group", "log_every"):
+        if getattr(run, name) < 1:
+            problems.append(f"run.{name}: must be >= 1, got {getattr(run, name)}")
+    if run.max_grad_norm is not None and run.max_grad_norm <= 0:
+        problems.append(f"run.max_grad_norm: must be positive or null, got {run.max_grad_norm}")
+    missing = recipe.advantage.requires - recipe.sampler.provides
+    if missing:
+        problems.append(
+            f"advantage: {recipe.advantage.name!r} requires {sorted(missing)} from the sampler, but sampler "
+            f"{recipe.sampler.name!r} provides {sorted(recipe.sampler.provides) or 'nothing'}"
+        )
+    if problems:
+        return problems  # the component checks below assume a sane run section
+    components: list[Component] = [
+        recipe.model, recipe.prompts, recipe.sampler, *recipe.rewards, recipe.advantage, recipe.optimizer
+    ]
+    for component in components:
+        for problem in component.validate(recipe):
+            problems.append(problem)
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------ parser
+
+
+def build_parser(prog: str = "rlpost train") -> ArgumentParser:
+    """The jsonargparse parser describing a recipe; used for ``--help`` and ``--print_config``."""
+    parser = ArgumentParser(prog=prog, description=__doc__, exit_on_error=False)
+    parser.add_class_arguments(RunConfig, "run")
+    for key, (base, _) in COMPONENT_KEYS.items():
+        parser.add_argument(f"--{key}", type=base, help=f"the {key} component")
+    parser.add_argument("--rewards", type=list[RewardSource], help="reward sources")
+    parser.add_argument("--reward_weights", type=dict[str, float], default={}, help="weight per reward name")
+    parser.add_argument("--torch_optimizer", type=OptimizerFactory, help="torch optimizer factory")
+    parser.add_argument("--lr_scheduler", type=SchedulerFactory | None, default=None, help="LR scheduler factory")
+    return parser
+
+
+def load_recipe(recipes: Sequence[str], overrides: Sequence[tuple[str, str]], host: PluginHost) -> Recipe:
+    """Merge, validate and instantiate a recipe (see :func:`merge_sources` and :func:`validate`)."""
+    return validate(merge_sources(recipes, overrides), host)
