@@ -1,0 +1,275 @@
+"""Tiny, randomly initialised Stable Diffusion 3 pipelines with the *real* diffusers/transformers architecture.
+
+Tests, examples and CPU benchmarks need an SD3 model without downloading weights. :func:`build_tiny_sd3` builds a
+``StableDiffusion3Pipeline`` from small configs (feasibility.md §2.2, "config B": VAE scale factor 2, patch 2,
+``pos_embed_max_size`` small), with tokenizers made locally (feasibility.md §2.1 and Appendix A):
+
+* CLIP: a real byte-level BPE from open_clip's bundled ``bpe_simple_vocab_16e6.txt.gz`` (first ``clip_merges`` merges).
+* T5: a Unigram tokenizer built from a vocabulary defined here (transformers 5's ``T5Tokenizer(vocab=...)``).
+
+Every module is put in ``eval()`` mode before saving: modules built in code start in train mode and CLIP/T5 dropout
+would then make outputs differ from the same pipeline loaded back with ``from_pretrained`` (feasibility.md §2.2).
+The result is written with ``save_pretrained`` so callers load it through the production ``from_pretrained`` path.
+
+Command line::
+
+    python -m rlpost.models.tiny OUT_DIR [--seed 0] [--sample-size 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib
+import importlib.resources
+import json
+import os
+import string
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["build_tiny_sd3", "main", "write_clip_tokenizer_files"]
+
+
+@lru_cache(maxsize=1)
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2/CLIP byte -> printable unicode map (printable bytes map to themselves, the rest above 255)."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    byte_vals = printable[:]
+    codes = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in byte_vals:
+            byte_vals.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(byte_vals, codes, strict=True)}
+
+
+def write_clip_tokenizer_files(out_dir: Path, num_merges: int | None = 1000) -> int:
+    """Write ``vocab.json`` and ``merges.txt`` of a CLIP BPE tokenizer from open_clip's bundled merges.
+
+    Vocabulary order (as in openai/clip-vit-large-patch14): 256 byte symbols, the same with ``</w>``, one token per
+    merge, then ``<|startoftext|>`` and ``<|endoftext|>`` (feasibility.md Appendix A).
+
+    Args:
+        out_dir: Directory to write into (created).
+        num_merges: Keep only the first merges (1000 gives a 1514-token vocabulary); ``None`` keeps all 48894.
+
+    Returns:
+        The vocabulary size.
+    """
+    bpe = importlib.resources.files("open_clip") / "bpe_simple_vocab_16e6.txt.gz"
+    lines = gzip.decompress(bpe.read_bytes()).decode("utf-8").split("\n")
+    merges = lines[1 : 49152 - 256 - 2 + 1]  # the first line is a version header
+    if num_merges is not None:
+        merges = merges[:num_merges]
+    pairs = [tuple(m.split()) for m in merges]
+    byte_syms = list(_bytes_to_unicode().values())
+    vocab = byte_syms + [s + "</w>" for s in byte_syms] + ["".join(p) for p in pairs]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}), encoding="utf-8")
+    merges_txt = "#version: 0.2\n" + "\n".join(" ".join(p) for p in pairs) + "\n"
+    (out_dir / "merges.txt").write_text(merges_txt, encoding="utf-8")
+    return len(vocab)
+
+
+def _t5_vocab() -> list[tuple[str, float]]:
+    """A small SentencePiece-style Unigram vocabulary: specials, characters and common English pieces."""
+    words = (
+        "a an the of and in on with to at for is are photo picture image painting drawing digit number zero one "
+        "two three four five six seven eight nine cat dog bird car house tree sky red green blue black white "
+        "small large big cute happy old new city street river mountain sea beach forest flower person man woman"
+    ).split()
+    pieces: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    pieces += [("▁" + w, -5.0 - 0.01 * i) for i, w in enumerate(words)]
+    chars = string.ascii_lowercase + string.ascii_uppercase + string.digits + ".,!?'-"
+    pieces += [(c, -10.0) for c in chars] + [("▁" + c, -9.0) for c in chars]
+    return pieces
+
+
+def build_tiny_sd3(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    sample_size: int = 32,
+    num_layers: int = 1,
+    patch_size: int = 2,
+    vae_blocks: int = 2,
+    clip_merges: int = 1000,
+    shift: float = 3.0,
+) -> Path:
+    """Build and save a tiny random-weight ``StableDiffusion3Pipeline`` (real architecture, ~2.5 MB).
+
+    Args:
+        out_dir: Directory to write the pipeline into (``model_index.json`` plus one subfolder per component).
+        seed: Seed for the random weights; the same seed gives identical files' weights.
+        sample_size: Default image size in pixels (the transformer's ``sample_size`` is in latent pixels and
+            ``pos_embed_max_size`` is sized to it).
+        num_layers: Transformer blocks.
+        patch_size: Transformer patch size.
+        vae_blocks: VAE encoder/decoder blocks; the VAE scale factor is ``2**(vae_blocks-1)``.
+        clip_merges: BPE merges kept in the CLIP tokenizer.
+        shift: Static time shift stored in the scheduler config.
+
+    Returns:
+        ``out_dir``.
+    """
+    # diffusers/transformers are untyped for mypy; build through Any-typed module handles.
+    diffusers: Any = importlib.import_module("diffusers")
+    transformers: Any = importlib.import_module("transformers")
+
+    out_dir = Path(out_dir)
+    vae_scale = 2 ** (vae_blocks - 1)
+    latent_size = sample_size // vae_scale
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_size = write_clip_tokenizer_files(Path(tmp), clip_merges)
+        # model_max_length 77: the pipeline pads/truncates CLIP prompts to the tokenizer's max length.
+        clip_tok = transformers.CLIPTokenizer(
+            vocab=str(Path(tmp) / "vocab.json"), merges=str(Path(tmp) / "merges.txt"), model_max_length=77
+        )
+    t5_tok = transformers.T5Tokenizer(vocab=_t5_vocab(), extra_ids=0, model_max_length=256)
+
+    # Build everything on CPU in fp32 under a fixed seed (module constructors draw from the global RNG).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = diffusers.SD3Transformer2DModel(
+            sample_size=latent_size,
+            patch_size=patch_size,
+            in_channels=4,
+            num_layers=num_layers,
+            attention_head_dim=8,
+            num_attention_heads=4,
+            caption_projection_dim=32,
+            joint_attention_dim=32,
+            pooled_projection_dim=64,
+            out_channels=4,
+            pos_embed_max_size=max(latent_size // patch_size, 1),
+        )
+        clip_cfg = transformers.CLIPTextConfig(
+            bos_token_id=vocab_size - 2,
+            eos_token_id=vocab_size - 1,
+            pad_token_id=vocab_size - 1,
+            hidden_size=32,
+            intermediate_size=37,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            vocab_size=vocab_size,
+            hidden_act="gelu",
+            projection_dim=32,
+            max_position_embeddings=77,
+        )
+        te1 = transformers.CLIPTextModelWithProjection(clip_cfg)
+        te2 = transformers.CLIPTextModelWithProjection(clip_cfg)
+        t5_vocab = len(t5_tok)
+        te3 = transformers.T5EncoderModel(
+            transformers.T5Config(
+                vocab_size=t5_vocab,
+                d_model=32,
+                d_kv=8,
+                d_ff=37,
+                num_layers=1,
+                num_heads=4,
+                relative_attention_num_buckets=8,
+                decoder_start_token_id=0,
+                pad_token_id=0,
+                eos_token_id=1,
+            )
+        )
+        vae = diffusers.AutoencoderKL(
+            sample_size=sample_size,
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(4,) * vae_blocks,
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=1,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            shift_factor=0.0609,
+            scaling_factor=1.5035,
+            down_block_types=("DownEncoderBlock2D",) * vae_blocks,
+            up_block_types=("UpDecoderBlock2D",) * vae_blocks,
+        )
+    for module in (transformer, te1, te2, te3, vae):
+        module.eval()  # see module docstring: dropout in train mode breaks the save/load round trip
+    pipe = diffusers.StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=shift),
+        vae=vae,
+        text_encoder=te1,
+        tokenizer=clip_tok,
+        text_encoder_2=te2,
+        tokenizer_2=clip_tok,
+        text_encoder_3=te3,
+        tokenizer_3=t5_tok,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pipe.save_pretrained(str(out_dir))
+    return out_dir
+
+
+TINY_PREFIX = "tiny-random"
+
+
+def cache_root() -> Path:
+    """Where built assets are cached: ``$RLPOST_CACHE`` or ``~/.cache/rlpost``."""
+    return Path(os.environ.get("RLPOST_CACHE", Path.home() / ".cache" / "rlpost")).expanduser()
+
+
+def parse_tiny_id(name: str) -> int | None:
+    """The seed of a ``tiny-random`` / ``tiny-random:SEED`` model id, or ``None`` for any other id.
+
+    Raises:
+        ValueError: For ``tiny-random:`` followed by something that is not an integer.
+    """
+    if name != TINY_PREFIX and not name.startswith(TINY_PREFIX + ":"):
+        return None
+    _, _, seed = name.partition(":")
+    try:
+        return int(seed) if seed else 0
+    except ValueError:
+        raise ValueError(f"model id {name!r}: expected 'tiny-random' or 'tiny-random:<integer seed>'") from None
+
+
+def ensure_tiny_sd3(seed: int = 0, root: Path | None = None) -> Path:
+    """Build the ``tiny-random:<seed>`` pipeline into the cache once (atomically: build, then rename) and return it.
+
+    The result is an ordinary ``save_pretrained`` directory, loaded through ``StableDiffusion3Pipeline.from_pretrained``
+    like any other model.
+    """
+    target = (root or cache_root()) / f"tiny-sd3-seed{seed}"
+    if (target / "model_index.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+        build_tiny_sd3(Path(tmp) / "model", seed=seed)
+        try:
+            os.replace(Path(tmp) / "model", target)
+        except OSError:
+            if not (target / "model_index.json").is_file():  # another process finished first otherwise
+                raise
+    return target
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry: build a tiny SD3 pipeline into a directory."""
+    parser = argparse.ArgumentParser(description="Build a tiny random-weight SD3 pipeline (real architecture).")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sample-size", type=int, default=32)
+    parser.add_argument("--num-layers", type=int, default=1)
+    args = parser.parse_args(argv)
+    path = build_tiny_sd3(args.out_dir, seed=args.seed, sample_size=args.sample_size, num_layers=args.num_layers)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

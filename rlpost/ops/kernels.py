@@ -1,0 +1,446 @@
+"""Step kernels: one denoising transition ``x_σ -> x_σ'`` of a rectified-flow model, as pure tensor math.
+
+A kernel turns the model's velocity ``v ≈ ε - x0`` at noise level ``σ`` into the next state at ``σ' < σ``. Stochastic
+kernels define a Gaussian policy ``π(x' | x) = N(μ, s² I)`` (algorithms.md §1.2) and score the sampled action with
+:meth:`StepKernel.log_prob`; samplers call that *same* method at rollout and when recomputing log-probs for the
+importance ratio, so the two cannot drift apart (DanceGRPO issue #87).
+
+Conventions shared by every kernel (algorithms.md §1.1):
+
+* ``x_σ = (1-σ)·x0 + σ·ε``; clean estimate ``x̂0 = x - σ·v``; noise estimate ``x̂1 = x + (1-σ)·v``.
+* ``sigma`` and ``sigma_next`` are ``[B]`` tensors (one noise level per row, so a batch may mix steps); ``dt = σ' - σ``
+  is negative.
+* All arithmetic is fp32: inputs are cast up first. Flow-GRPO notes that bf16 overflows in the mean/log-prob
+  (``sd3_sde_with_logprob.py``); keeping fp32 here means a bf16 transformer still yields fp32 log-probs.
+* Log-probs are reduced over every non-batch dimension, by ``"mean"`` (the convention of every anchor codebase) or
+  ``"sum"`` (the true log-density of the whole latent). See ``docs/models.md`` for why the choice matters for the
+  TreeGRPO backup (algorithms.md §2.6).
+
+The formulas are restated from the sources cited at each kernel; no upstream code is copied.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "CPSKernel",
+    "DPMSolverPP2",
+    "DanceGRPOSDE",
+    "EulerODE",
+    "FlowGRPOSDE",
+    "KERNELS",
+    "LogProbReduction",
+    "StepKernel",
+    "StepOutput",
+    "dpm_solver_pp2_step",
+    "gaussian_log_prob",
+    "make_kernel",
+]
+
+LogProbReduction = Literal["mean", "sum"]
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _f32(t: Tensor) -> Tensor:
+    return t.to(torch.float32)
+
+
+def _per_row(sigma: Tensor, ndim: int) -> Tensor:
+    """``[B]`` -> ``[B, 1, ..., 1]`` (fp32) so it broadcasts against a ``ndim``-dimensional latent batch."""
+    s = _f32(sigma)
+    if s.ndim == 0:
+        s = s.reshape(1)
+    return s.reshape(s.shape[0], *([1] * (ndim - 1)))
+
+
+def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, reduction: LogProbReduction = "mean") -> Tensor:
+    """Log-density of ``x`` under ``N(mean, std² I)``, reduced over all non-batch dimensions.
+
+    ``log N(x; μ, s²) = -(x-μ)²/(2s²) - log s - ½ log 2π`` per element (algorithms.md §1.2), computed in fp32.
+
+    Args:
+        x: ``[B, ...]`` sampled states.
+        mean: ``[B, ...]`` Gaussian means.
+        std: Standard deviations broadcastable to ``mean`` (typically ``[B, 1, 1, 1]``).
+        reduction: ``"mean"`` averages over the latent elements (codebase convention of DDPO, DanceGRPO, Flow-GRPO,
+            MixGRPO, BranchGRPO); ``"sum"`` gives the log-density of the whole latent.
+
+    Returns:
+        ``[B]`` fp32 log-probabilities.
+    """
+    x, mean, std = _f32(x), _f32(mean), _f32(std)
+    elem = -((x - mean) ** 2) / (2.0 * std**2) - torch.log(std) - _HALF_LOG_2PI
+    dims = tuple(range(1, elem.ndim))
+    if reduction == "mean":
+        return elem.mean(dim=dims)
+    if reduction == "sum":
+        return elem.sum(dim=dims)
+    raise ValueError(f"unknown log-prob reduction {reduction!r}; expected 'mean' or 'sum'")
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Result of one kernel step.
+
+    Attributes:
+        next_latents: ``[B, ...]`` fp32 next state ``x' = mean + std·z``.
+        mean: ``[B, ...]`` fp32 mean of the step Gaussian.
+        std: fp32 std broadcastable to ``mean`` (``[B, 1, ..., 1]``); zeros for deterministic kernels.
+        log_prob: ``[B]`` fp32 log-prob of ``next_latents``; NaN for deterministic kernels (no density).
+    """
+
+    next_latents: Tensor
+    mean: Tensor
+    std: Tensor
+    log_prob: Tensor
+
+
+class StepKernel(ABC):
+    """A denoising transition rule. Subclasses implement :meth:`mean_std`; sampling and scoring are shared."""
+
+    name: ClassVar[str] = ""
+    stochastic: ClassVar[bool] = True
+
+    @abstractmethod
+    def mean_std(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and std of the transition Gaussian.
+
+        Args:
+            x: ``[B, ...]`` current states at noise level ``sigma``.
+            v: ``[B, ...]`` velocity predicted at ``(x, sigma)`` (guidance already applied).
+            sigma: ``[B]`` current noise levels.
+            sigma_next: ``[B]`` next noise levels (``< sigma``).
+
+        Returns:
+            ``(mean [B, ...], std [B, 1, ..., 1])``, both fp32.
+        """
+
+    def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor, reduction: LogProbReduction = "mean") -> Tensor:
+        """Log-prob of ``x_next`` under the step Gaussian; the same function at rollout and training.
+
+        Args:
+            x_next: ``[B, ...]`` next states.
+            mean: ``[B, ...]`` means from :meth:`mean_std`.
+            std: Stds from :meth:`mean_std`.
+            reduction: ``"mean"`` or ``"sum"`` over the latent elements.
+
+        Returns:
+            ``[B]`` fp32 log-probs (NaN for deterministic kernels).
+        """
+        if not self.stochastic:
+            return torch.full((x_next.shape[0],), float("nan"), dtype=torch.float32, device=x_next.device)
+        return gaussian_log_prob(x_next, mean, std, reduction)
+
+    def step(
+        self,
+        x: Tensor,
+        v: Tensor,
+        sigma: Tensor,
+        sigma_next: Tensor,
+        generator: torch.Generator | None,
+        reduction: LogProbReduction = "mean",
+        noise: Tensor | None = None,
+    ) -> StepOutput:
+        """Sample ``x' = mean + std·z`` and score it.
+
+        Args:
+            x: ``[B, ...]`` current states.
+            v: ``[B, ...]`` velocities.
+            sigma: ``[B]`` current noise levels.
+            sigma_next: ``[B]`` next noise levels.
+            generator: RNG for ``z`` (drawn on ``x``'s device in fp32); ignored by deterministic kernels or when
+                ``noise`` is given.
+            reduction: Log-prob reduction, see :func:`gaussian_log_prob`.
+            noise: Optional pre-drawn standard-normal ``z`` (shape of ``x``).
+
+        Returns:
+            The :class:`StepOutput`.
+        """
+        mean, std = self.mean_std(x, v, sigma, sigma_next)
+        if not self.stochastic:
+            return StepOutput(mean, mean, std, self.log_prob(mean, mean, std, reduction))
+        if noise is None:
+            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+        nxt = mean + std * _f32(noise)
+        return StepOutput(nxt, mean, std, self.log_prob(nxt, mean, std, reduction))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+
+class EulerODE(StepKernel):
+    """Deterministic Euler step of the probability-flow ODE: ``x' = x + (σ'-σ)·v`` (algorithms.md §1.1).
+
+    This is exactly diffusers' ``FlowMatchEulerDiscreteScheduler.step``; ``std`` is zero and ``log_prob`` NaN.
+    """
+
+    name: ClassVar[str] = "ode"
+    stochastic: ClassVar[bool] = False
+
+    def mean_std(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
+        x, v = _f32(x), _f32(v)
+        dt = _per_row(sigma_next, x.ndim) - _per_row(sigma, x.ndim)
+        return x + dt * v, torch.zeros_like(dt)
+
+
+class FlowGRPOSDE(StepKernel):
+    """Flow-GRPO's SDE step (Liu et al. 2025, eq. 9-10; ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``).
+
+    With ``dt = σ' - σ`` (algorithms.md §5.2)::
+
+        σ_t = a · sqrt(σ / (1 - σ))                       (σ = 1 uses σ_max in the denominator only)
+        μ   = x + dt · [ v + σ_t² / (2σ) · (x + (1-σ)·v) ]
+        s   = σ_t · sqrt(-dt)
+
+    Args:
+        noise_level: ``a``; Flow-GRPO's default 0.7.
+        sigma_max: Replaces ``σ`` in ``1 - σ`` where ``σ == 1`` (Flow-GRPO passes ``sigmas[1]``, the second value of
+            the schedule). ``None`` uses each row's ``sigma_next`` there, which equals ``sigmas[1]`` for the first
+            step of a schedule and so reproduces Flow-GRPO.
+    """
+
+    name: ClassVar[str] = "flow-sde"
+
+    def __init__(self, noise_level: float = 0.7, sigma_max: float | None = None) -> None:
+        if noise_level < 0:
+            raise ValueError(f"noise_level must be >= 0, got {noise_level}")
+        self.noise_level = float(noise_level)
+        self.sigma_max = sigma_max
+
+    def std_dev_t(self, sigma: Tensor, sigma_next: Tensor, ndim: int) -> Tensor:
+        """``σ_t = a·sqrt(σ/(1-σ))`` per row, ``[B, 1, ..., 1]`` (the SDE's diffusion coefficient, §5.2/§5.3)."""
+        s = _per_row(sigma, ndim)
+        cap = _per_row(sigma_next, ndim) if self.sigma_max is None else torch.full_like(s, self.sigma_max)
+        denom_sigma = torch.where(s >= 1.0, cap, s)
+        return self.noise_level * torch.sqrt(s / (1.0 - denom_sigma))
+
+    def mean_std(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
+        x, v = _f32(x), _f32(v)
+        s = _per_row(sigma, x.ndim)
+        dt = _per_row(sigma_next, x.ndim) - s
+        sd = self.std_dev_t(sigma, sigma_next, x.ndim)
+        # Flow-GRPO eq. 9: the score-corrected drift of the reverse SDE with marginals matching the ODE.
+        mean = x + dt * (v + sd**2 / (2.0 * s) * (x + (1.0 - s) * v))
+        return mean, sd * torch.sqrt(-dt)
+
+
+class DanceGRPOSDE(StepKernel):
+    """DanceGRPO's SDE step (``fastvideo/train_grpo_flux.py: flux_step``, same as MixGRPO's ``dance_grpo_step``).
+
+    With ``dt = σ' - σ`` and ``x̂0 = x - σ·v`` (algorithms.md §4.2)::
+
+        ŝ = -(x - (1-σ)·x̂0) / σ²            (score estimate)
+        μ = x + dt · (v - ½ η² ŝ)
+        s = η · sqrt(σ - σ')
+
+    Args:
+        eta: ``η``; DanceGRPO's default 0.3.
+    """
+
+    name: ClassVar[str] = "dance-sde"
+
+    def __init__(self, eta: float = 0.3) -> None:
+        if eta < 0:
+            raise ValueError(f"eta must be >= 0, got {eta}")
+        self.eta = float(eta)
+
+    def mean_std(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
+        x, v = _f32(x), _f32(v)
+        s = _per_row(sigma, x.ndim)
+        dt = _per_row(sigma_next, x.ndim) - s
+        x0 = x - s * v
+        score = -(x - (1.0 - s) * x0) / s**2
+        mean = x + dt * (v - 0.5 * self.eta**2 * score)
+        return mean, self.eta * torch.sqrt(-dt)
+
+
+class CPSKernel(StepKernel):
+    """Coefficients-preserving sampling (Flow-GRPO-Fast configs; ``sd3_sde_with_logprob.py``, ``sde_type="cps"``).
+
+    Re-noises the clean estimate so the next state keeps the interpolant's coefficients (algorithms.md §5.2)::
+
+        s  = σ' · sin(a·π/2)
+        μ  = (1-σ')·x̂0 + sqrt(σ'² - s²)·x̂1,      x̂0 = x - σ·v,  x̂1 = x + (1-σ)·v
+
+    Log-prob choice: Flow-GRPO scores CPS actions with ``-mean((x'-μ)²)`` (constants and the ``1/(2s²)`` scaling
+    dropped). Here the default is the true Gaussian log-density (``log_prob="gaussian"``), consistent with the other
+    kernels so that log-probs of edges from different kernels are comparable (e.g. in a TreeGRPO backup softmax);
+    ``log_prob="flow-grpo"`` reproduces Flow-GRPO's surrogate. The importance *ratio* differs between the two: the
+    Gaussian one scales the squared error by ``1/(2s²)``.
+
+    At ``σ' = 0`` the std is 0 (the step lands on ``x̂0``); the Gaussian log-prob is then undefined and returned as
+    NaN, so such edges must not be trained (Flow-GRPO never trains the last step either).
+
+    Args:
+        noise_level: ``a`` in ``[0, 1]``.
+        log_prob: ``"gaussian"`` (default) or ``"flow-grpo"``.
+    """
+
+    name: ClassVar[str] = "cps"
+
+    def __init__(self, noise_level: float = 0.7, log_prob: Literal["gaussian", "flow-grpo"] = "gaussian") -> None:
+        if not 0.0 <= noise_level <= 1.0:
+            raise ValueError(f"cps noise_level must be in [0, 1], got {noise_level}")
+        if log_prob not in ("gaussian", "flow-grpo"):
+            raise ValueError(f"cps log_prob must be 'gaussian' or 'flow-grpo', got {log_prob!r}")
+        self.noise_level = float(noise_level)
+        self.log_prob_kind = log_prob
+
+    def mean_std(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
+        x, v = _f32(x), _f32(v)
+        s = _per_row(sigma, x.ndim)
+        sn = _per_row(sigma_next, x.ndim)
+        std = sn * math.sin(self.noise_level * math.pi / 2.0)
+        x0 = x - s * v
+        x1 = x + (1.0 - s) * v
+        mean = (1.0 - sn) * x0 + torch.sqrt(torch.clamp(sn**2 - std**2, min=0.0)) * x1
+        return mean, std
+
+    def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor, reduction: LogProbReduction = "mean") -> Tensor:
+        if self.log_prob_kind == "flow-grpo":
+            # Flow-GRPO's CPS surrogate: negative squared error, no constants or variance scaling.
+            sq = -((_f32(x_next) - _f32(mean)) ** 2)
+            dims = tuple(range(1, sq.ndim))
+            return sq.mean(dim=dims) if reduction == "mean" else sq.sum(dim=dims)
+        lp = gaussian_log_prob(x_next, mean, std, reduction)
+        zero = (_f32(std).reshape(std.shape[0], -1) == 0).any(dim=1)
+        return torch.where(zero, torch.full_like(lp, float("nan")), lp)
+
+
+# ------------------------------------------------------------------------------------------------ DPM-Solver++
+
+
+def _lambda(sigma: Tensor) -> Tensor:
+    """Half log-SNR of the rectified flow: ``λ = log α - log σ`` with ``α = 1-σ`` (algorithms.md §6.4)."""
+    return torch.log(1.0 - sigma) - torch.log(sigma)
+
+
+def dpm_solver_pp2_step(
+    x: Tensor,
+    v: Tensor,
+    sigma: Tensor,
+    sigma_next: Tensor,
+    sigma_prev: Tensor | None = None,
+    prev_x0: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One multistep DPM-Solver++ step (order 2, "midpoint"), data prediction, for a rectified flow.
+
+    Lu et al. 2022 (DPM-Solver++, Alg. 2) in the flow parameterisation used by MixGRPO-Flash
+    (``fastvideo/train_grpo_flux.py`` DPM-Solver++ sampler; diffusers ``DPMSolverMultistepScheduler`` with
+    ``prediction_type="flow_prediction"``), algorithms.md §6.4. With ``α = 1-σ``, ``λ = log α - log σ``,
+    ``h = λ' - λ`` and ``x̂0 = x - σ·v``::
+
+        x' = (σ'/σ)·x - α'·(e^{-h} - 1)·x̂0                              (order 1 = DDIM)
+           - ½·α'·(e^{-h} - 1)·D1,   D1 = (x̂0 - x̂0_prev)/r0,  r0 = h_prev/h   (order 2 correction)
+
+    The second-order term is used when ``sigma_prev`` and ``prev_x0`` are given and ``σ' > 0``; rows stepping to
+    ``σ' = 0`` use order 1, whose limit is ``x' = x̂0`` (diffusers' ``final_sigmas_type="zero"`` final step).
+
+    Args:
+        x: ``[B, ...]`` states at ``sigma``.
+        v: ``[B, ...]`` velocities.
+        sigma: ``[B]`` current noise levels.
+        sigma_next: ``[B]`` next noise levels.
+        sigma_prev: ``[B]`` noise levels of the previous step (where ``prev_x0`` was predicted), or ``None``.
+        prev_x0: ``[B, ...]`` the previous step's ``x̂0``, or ``None`` (first step: order 1).
+
+    Returns:
+        ``(x_next, x0)``: the next state and this step's ``x̂0`` (pass it as ``prev_x0`` to the next step).
+    """
+    x, v = _f32(x), _f32(v)
+    s = _per_row(sigma, x.ndim)
+    sn = _per_row(sigma_next, x.ndim)
+    x0 = x - s * v
+    final = sn <= 0.0
+    # Guard log(0) at the final step; those rows are overwritten with x̂0 below.
+    sn_safe = torch.where(final, torch.ones_like(sn) * 0.5, sn)
+    h = _lambda(sn_safe) - _lambda(s)
+    alpha_n = 1.0 - sn_safe
+    phi = torch.expm1(-h)  # e^{-h} - 1, accurate for small h
+    nxt = (sn_safe / s) * x - alpha_n * phi * x0
+    if sigma_prev is not None and prev_x0 is not None:
+        sp = _per_row(sigma_prev, x.ndim)
+        r0 = (_lambda(s) - _lambda(sp)) / h
+        d1 = (x0 - _f32(prev_x0)) / r0
+        nxt = nxt - 0.5 * alpha_n * phi * d1
+    nxt = torch.where(final, x0, nxt)
+    return nxt, x0
+
+
+class DPMSolverPP2:
+    """Stateful multistep DPM-Solver++ (2M) over a sequence of steps, for MixGRPO-Flash's compressed ODE tail.
+
+    Deterministic (no log-prob). Keeps the previous step's ``σ`` and ``x̂0``; the first step after :meth:`reset` is
+    order 1, as is any step to ``σ' = 0`` (lower order at the final step). See :func:`dpm_solver_pp2_step` for the
+    formulas. Explicit ``sigma_prev``/``prev_x0`` arguments override the stored state (e.g. for tree nodes whose
+    histories differ).
+    """
+
+    name: ClassVar[str] = "dpm-solver++2"
+    stochastic: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._sigma_prev: Tensor | None = None
+        self._prev_x0: Tensor | None = None
+
+    def reset(self) -> None:
+        """Forget the previous step (start a new trajectory)."""
+        self._sigma_prev = None
+        self._prev_x0 = None
+
+    def step(
+        self,
+        x: Tensor,
+        v: Tensor,
+        sigma: Tensor,
+        sigma_next: Tensor,
+        sigma_prev: Tensor | None = None,
+        prev_x0: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Advance one step and remember ``(σ, x̂0)`` for the next call.
+
+        Args:
+            x: ``[B, ...]`` states.
+            v: ``[B, ...]`` velocities.
+            sigma: ``[B]`` current noise levels.
+            sigma_next: ``[B]`` next noise levels.
+            sigma_prev: Previous step's noise levels; defaults to the stored state.
+            prev_x0: Previous step's ``x̂0``; defaults to the stored state.
+
+        Returns:
+            ``(x_next, x0)``.
+        """
+        if sigma_prev is None and prev_x0 is None:
+            sigma_prev, prev_x0 = self._sigma_prev, self._prev_x0
+        nxt, x0 = dpm_solver_pp2_step(x, v, sigma, sigma_next, sigma_prev, prev_x0)
+        self._sigma_prev, self._prev_x0 = _f32(sigma).reshape(-1), x0
+        return nxt, x0
+
+
+KERNELS: dict[str, type[StepKernel]] = {k.name: k for k in (EulerODE, FlowGRPOSDE, DanceGRPOSDE, CPSKernel)}
+
+
+def make_kernel(name: str, **kwargs: Any) -> StepKernel:
+    """Build a step kernel by name (``"ode"``, ``"flow-sde"``, ``"dance-sde"``, ``"cps"``).
+
+    Args:
+        name: Kernel name.
+        **kwargs: Constructor arguments of that kernel (e.g. ``noise_level=0.7``).
+
+    Raises:
+        ValueError: For an unknown name.
+    """
+    try:
+        cls = KERNELS[name]
+    except KeyError:
+        raise ValueError(f"unknown step kernel {name!r}; choose one of {sorted(KERNELS)}") from None
+    return cls(**kwargs)

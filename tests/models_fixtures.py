@@ -1,0 +1,37 @@
+"""Shared fixtures for model tests: a tiny real-architecture SD3 pipeline saved once per session.
+
+Imported into ``tests/conftest.py`` so every test package can request them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight ``StableDiffusion3Pipeline`` (32 px, VAE factor 2, patch 2) saved with save_pretrained."""
+    from rlpost.models.tiny import build_tiny_sd3
+
+    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3") / "pipe", seed=0, sample_size=32)
+
+
+@pytest.fixture
+def make_sd3_policy(tiny_sd3_dir: Path) -> Callable[..., Any]:
+    """Factory: ``make_sd3_policy(**kwargs)`` -> an ``SD3Policy`` on the tiny pipeline, set up on CPU in fp32."""
+    from rlpost.models import SD3Policy
+
+    def make(**kwargs: Any) -> SD3Policy:
+        kwargs.setdefault("resolution", 32)
+        kwargs.setdefault("dtype", "float32")
+        kwargs.setdefault("max_sequence_length", 32)
+        policy = SD3Policy(str(tiny_sd3_dir), **kwargs)
+        policy.setup(torch.device("cpu"))
+        return policy
+
+    return make
