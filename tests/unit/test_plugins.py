@@ -162,3 +162,26 @@ def test_trace_plugins(site):
     proc = _cli(["plugins", "list", "--json"], site, RLPOST_TRACE_PLUGINS="1")
     assert proc.returncode == 0
     assert "[rlpost trace] rlpost_register_reward_sources -> ok" in proc.stderr
+
+
+def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_path, monkeypatch):
+    """docs/examples/rlpost-reward-example installed with pip, then used from a recipe as ``brightness``."""
+    from rlpost.recipe import validate
+    from rlpost.runner import Runner
+    from tests import toy_components
+    from tests.toy_components import toy_recipe
+
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "rlpost-reward-example"
+    src, target = tmp_path / "src", tmp_path / "site"
+    shutil.copytree(example, src)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(target), str(src)], check=True, capture_output=True, text=True)
+    monkeypatch.syspath_prepend(str(target))
+    monkeypatch.setenv("RLPOST_LOAD_PLUGINS", "rlpost-reward-example")
+    monkeypatch.delitem(sys.modules, "rlpost_reward_example", raising=False)
+    host = PluginHost(extra_plugins=(toy_components,))
+    assert host.registry("reward").get("brightness").distribution == "rlpost-reward-example"
+    cfg = toy_recipe(str(tmp_path / "run"), max_steps=1)
+    cfg["rewards"] = ["brightness"]
+    history = Runner(validate(cfg, host), host).run()
+    assert 0.0 <= history[0]["reward/brightness"] <= 1.0

@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+import rlpost_reward_example
+import torch
+from rlpost_reward_example import Brightness
+
+
+def test_brightness_scores_and_registers() -> None:
+    images = torch.stack([torch.zeros(4, 4, 3), torch.full((4, 4, 3), 255.0)]).to(torch.uint8)
+    scores = Brightness().score(images, ["a", "b"], [{}, {}])
+    assert scores.tolist() == [0.0, 1.0]
+    registered: list[type] = []
+    rlpost_reward_example.rlpost_register_reward_sources(registered.append)
+    assert registered == [Brightness]

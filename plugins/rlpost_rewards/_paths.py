@@ -1,0 +1,67 @@
+"""Checkpoint resolution for the built-in reward sources: explicit path, else ``$RLPOST_MODELS/<default name>``.
+
+rlpost never downloads reward weights (feasibility.md section 4: a hub lookup can hang for minutes or silently
+return a broken tokenizer). A missing file raises :class:`CheckpointNotFoundError` naming the file, every place it
+was looked for, and where to obtain it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["ENV_VAR", "CheckpointNotFoundError", "resolve_path"]
+
+ENV_VAR = "RLPOST_MODELS"
+"""Environment variable naming a directory that holds reward checkpoints under their default names."""
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+    """A reward checkpoint (file or directory) could not be found locally."""
+
+
+def resolve_path(
+    explicit: str | os.PathLike[str] | None,
+    default_name: str,
+    *,
+    reward: str,
+    what: str,
+    obtain: str,
+    is_dir: bool = False,
+) -> Path:
+    """Find a local checkpoint file or directory.
+
+    Args:
+        explicit: Path given in the recipe (constructor argument); wins when set.
+        default_name: File or directory name looked up under ``$RLPOST_MODELS`` when ``explicit`` is ``None``.
+        reward: Recipe name of the reward (for the error message).
+        what: What the path holds, e.g. ``"HPS-v2.1 checkpoint"``.
+        obtain: Where the user can get it (repository and file name).
+        is_dir: Whether a directory rather than a file is expected.
+
+    Returns:
+        The existing path.
+
+    Raises:
+        CheckpointNotFoundError: When the file or directory does not exist; nothing is downloaded.
+    """
+    kind = "directory" if is_dir else "file"
+    looked: list[str] = []
+    if explicit is not None:
+        candidate = Path(explicit).expanduser()
+        looked.append(f"{candidate} (constructor argument)")
+    else:
+        root = os.environ.get(ENV_VAR)
+        if root:
+            candidate = Path(root).expanduser() / default_name
+            looked.append(f"{candidate} (${ENV_VAR}/{default_name})")
+        else:
+            candidate = None
+            looked.append(f"no constructor argument given and ${ENV_VAR} is not set")
+    if candidate is not None and (candidate.is_dir() if is_dir else candidate.is_file()):
+        return candidate
+    raise CheckpointNotFoundError(
+        f"{reward}: {what} {kind} {default_name!r} not found. Looked at: {'; '.join(looked)}. "
+        f"Obtain it from {obtain}, then pass its path to the reward's constructor or place it at "
+        f"${ENV_VAR}/{default_name}. rlpost never downloads reward weights."
+    )
