@@ -1,0 +1,54 @@
+"""Every YAML under recipes/ validates (torchtune's "every config validates"), without loading any model.
+
+Overlays in recipes/ablations/ name their base recipe in a ``# base: recipes/...`` header line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlpost.models.sd3 import SD3Policy
+from rlpost.plugins import PluginHost
+from rlpost.recipe import merge_sources, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+ALL = sorted((ROOT / "recipes").rglob("*.yaml"))
+OVERLAYS = [p for p in ALL if "ablations" in p.parts]
+FULL = [p for p in ALL if p not in OVERLAYS]
+
+
+@pytest.fixture(scope="module")
+def host() -> PluginHost:
+    return PluginHost()
+
+
+@pytest.fixture(autouse=True)
+def no_weights(monkeypatch):
+    monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
+
+
+def _base_of(overlay: Path) -> Path:
+    for line in overlay.read_text().splitlines():
+        if line.startswith("# base:"):
+            return ROOT / line.split(":", 1)[1].strip()
+    raise AssertionError(f"{overlay.relative_to(ROOT)} has no '# base: recipes/...' header")
+
+
+def test_recipes_exist():
+    assert FULL and OVERLAYS
+
+
+@pytest.mark.parametrize("recipe", FULL, ids=lambda p: str(p.relative_to(ROOT)))
+def test_recipe_validates(recipe, host):
+    validate(merge_sources([str(recipe)]), host)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_overlay_validates_on_its_base(overlay, host):
+    base = _base_of(overlay)
+    merged = merge_sources([str(base), str(overlay)])
+    recipe = validate(merged, host)
+    plain = validate(merge_sources([str(base)]), host)
+    assert recipe.config != plain.config, f"{overlay.name} changes nothing"
