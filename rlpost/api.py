@@ -61,7 +61,7 @@ class Component(ABC):  # noqa: B024 - a marker base: subclasses define the abstr
         """State to checkpoint (JSON-serialisable values or tensors). Default: stateless."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional, stateless by default
         """Restore what :meth:`state_dict` returned."""
 
 

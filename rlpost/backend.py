@@ -44,7 +44,7 @@ class LocalBackend(TrainBackend):
 
     def backward(self, loss: Tensor) -> None:
         """Accumulate gradients of ``loss``."""
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
 
     def step(self) -> dict[str, float]:
         """Clip, step and zero gradients; a step whose gradient norm is not finite is skipped (weights untouched)."""

@@ -131,8 +131,9 @@ def cmd_plugins(argv: Sequence[str]) -> int:
         table.add_column(column)
     for info in infos:
         status = info.status if info.error is None else f"{info.status}: {info.error}"
-        table.add_row(info.name, info.distribution, info.version, status, "\n".join(info.components),
-                      "\n".join(info.hooks))
+        table.add_row(
+            info.name, info.distribution, info.version, status, "\n".join(info.components), "\n".join(info.hooks)
+        )
     Console().print(table)
     return 0
 

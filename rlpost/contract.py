@@ -228,7 +228,9 @@ class Rollout:
         ):
             if int(tensor.shape[0]) != size:
                 problems.append(f"{name} has {int(tensor.shape[0])} rows, expected {size}")
-        if e and (int(self.edge_parent.max()) >= n or int(self.edge_child.max()) >= n or int(self.edge_parent.min()) < 0):
+        if e and (
+            int(self.edge_parent.max()) >= n or int(self.edge_child.max()) >= n or int(self.edge_parent.min()) < 0
+        ):
             problems.append("edge_parent/edge_child index outside the node table")
         if s and (int(self.sample_node.max()) >= n or int(self.sample_node.min()) < 0):
             problems.append("sample_node index outside the node table")

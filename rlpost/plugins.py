@@ -24,9 +24,8 @@ import importlib.metadata as md
 import os
 import sys
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from types import ModuleType
 from typing import Any
 
 import pluggy
@@ -129,9 +128,7 @@ class PluginHost:
         self._run_registrations()
 
     # ------------------------------------------------------------------------------------------------ loading
-    def _register(
-        self, plugin: object, name: str, dist: str, version: str, source: str, builtin: bool
-    ) -> PluginInfo:
+    def _register(self, plugin: object, name: str, dist: str, version: str, source: str, builtin: bool) -> PluginInfo:
         info = PluginInfo(name=name, distribution=dist, version=version, source=source, builtin=builtin)
         self.infos[name] = info
         try:
@@ -143,9 +140,7 @@ class PluginHost:
                 self.pm.unregister(plugin)
             info.status, info.error = "error", _format_exc(exc)
             return info
-        info.hooks = sorted(
-            impl_name for impl_name, _ in self._hooknames_of(plugin)
-        )
+        info.hooks = sorted(impl_name for impl_name, _ in self._hooknames_of(plugin))
         return info
 
     def _hooknames_of(self, plugin: object) -> Iterator[tuple[str, object]]:
@@ -176,7 +171,9 @@ class PluginHost:
                     continue
                 if ep.name in self.infos and self.infos[ep.name].status == "ok":
                     info.status = "error"
-                    info.error = f"plugin name {ep.name!r} already used by distribution {self.infos[ep.name].distribution!r}"
+                    info.error = (
+                        f"plugin name {ep.name!r} already used by distribution {self.infos[ep.name].distribution!r}"
+                    )
                     self.infos[f"{dist_name}:{ep.name}"] = info
                     continue
                 try:
@@ -221,11 +218,11 @@ class PluginHost:
         return result
 
     def _enable_tracing(self) -> None:
-        def before(hook_name: str, impls: list[Any], kwargs: Mapping[str, Any]) -> None:
+        def before(hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
             names = ", ".join(impl.plugin_name for impl in impls)
             print(f"[rlpost trace] {hook_name}({', '.join(kwargs)}) -> [{names}]", file=sys.stderr)
 
-        def after(outcome: Any, hook_name: str, impls: list[Any], kwargs: Mapping[str, Any]) -> None:
+        def after(outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
             print(f"[rlpost trace] {hook_name} <- {outcome.get_result()!r}", file=sys.stderr)
 
         self.pm.add_hookcall_monitoring(before, after)
@@ -287,8 +284,3 @@ def reset_host(host: PluginHost | None = None) -> None:
     """Replace (or clear, with ``None``) the process-wide host; used by tests."""
     global _HOST
     _HOST = host
-
-
-def module_of(plugin: object) -> ModuleType | None:
-    """The module a plugin object lives in (for source paths in ``rlpost plugins list``)."""
-    return plugin if isinstance(plugin, ModuleType) else sys.modules.get(type(plugin).__module__)

@@ -36,8 +36,14 @@ class RichProgress:
     def rlpost_before_run(self, run: Any) -> None:
         """Start the bar."""
         self.progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-            TextColumn("{task.fields[info]}"), console=self.console, disable=not run.is_main_process,
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=self.console,
+            disable=not run.is_main_process,
         )
         self.progress.start()
         self.task = self.progress.add_task("train", total=run.recipe.run.max_steps, info="")

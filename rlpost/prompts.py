@@ -40,9 +40,7 @@ class PromptList(PromptSource):
         if not self.prompts:
             problems.append("prompts.init_args.prompts: the prompt list is empty")
         if self.metadata is not None and len(self.metadata) != len(self.prompts):
-            problems.append(
-                f"prompts.init_args.metadata: {len(self.metadata)} entries for {len(self.prompts)} prompts"
-            )
+            problems.append(f"prompts.init_args.metadata: {len(self.metadata)} entries for {len(self.prompts)} prompts")
         return problems
 
     def load(self) -> list[tuple[str, dict[str, Any]]]:

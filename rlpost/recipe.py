@@ -321,7 +321,9 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
             problems[-1] = problems[-1].replace("rewards:", f"rewards[{i}]:", 1)
     if "torch_optimizer" in cfg:
         resolved["torch_optimizer"] = cfg["torch_optimizer"]
-        built["torch_optimizer"] = _check_with_parser("torch_optimizer", OptimizerFactory, cfg["torch_optimizer"], problems)
+        built["torch_optimizer"] = _check_with_parser(
+            "torch_optimizer", OptimizerFactory, cfg["torch_optimizer"], problems
+        )
     built["lr_scheduler"] = None
     if cfg.get("lr_scheduler") is not None:
         resolved["lr_scheduler"] = cfg["lr_scheduler"]
@@ -387,7 +389,12 @@ def _cross_checks(recipe: Recipe) -> list[str]:
     if problems:
         return problems  # the component checks below assume a sane run section
     components: list[Component] = [
-        recipe.model, recipe.prompts, recipe.sampler, *recipe.rewards, recipe.advantage, recipe.optimizer
+        recipe.model,
+        recipe.prompts,
+        recipe.sampler,
+        *recipe.rewards,
+        recipe.advantage,
+        recipe.optimizer,
     ]
     for component in components:
         for problem in component.validate(recipe):

@@ -83,7 +83,8 @@ class Registry(Generic[C]):
         name = getattr(cls, "name", "")
         if not isinstance(name, str) or not _NAME.match(name):
             raise TypeError(
-                f"{cls.__qualname__} must declare a kebab-case class attribute 'name' (e.g. name = 'tree'), got {name!r}"
+                f"{cls.__qualname__} must declare a kebab-case class attribute 'name' "
+                f"(e.g. name = 'tree'), got {name!r}"
             )
         plugin, dist = self._current
         existing = self._entries.get(name)

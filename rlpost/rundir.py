@@ -20,7 +20,17 @@ from rlpost.plugins import PluginHost
 
 __all__ = ["RunDirectory", "json_safe"]
 
-_PACKAGES = ("rlpost", "torch", "diffusers", "transformers", "peft", "pluggy", "jsonargparse", "deepspeed", "open_clip_torch")
+_PACKAGES = (
+    "rlpost",
+    "torch",
+    "diffusers",
+    "transformers",
+    "peft",
+    "pluggy",
+    "jsonargparse",
+    "deepspeed",
+    "open_clip_torch",
+)
 
 
 def json_safe(obj: Any) -> Any:
@@ -65,8 +75,7 @@ class RunDirectory:
         recipe_file = self.path / self.RECIPE
         if recipe_file.exists():
             raise FileExistsError(
-                f"{recipe_file} already exists: refusing to overwrite another run's recipe; "
-                "choose a new run.output_dir"
+                f"{recipe_file} already exists: refusing to overwrite another run's recipe; choose a new run.output_dir"
             )
         self.path.mkdir(parents=True, exist_ok=True)
         recipe_file.write_text(yaml.safe_dump(config, sort_keys=False))

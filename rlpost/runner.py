@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
 import torch
 
 from rlpost.api import UpdateContext
@@ -102,8 +103,9 @@ class Runner:
         for reward in self.recipe.rewards:
             values = reward.score(rollout.images, rollout.sample_prompts, rollout.sample_metadata).float().cpu()
             if values.shape != (rollout.num_samples,):
-                raise ValueError(f"reward {reward.name!r} returned shape {tuple(values.shape)}, "
-                                 f"expected ({rollout.num_samples},)")
+                raise ValueError(
+                    f"reward {reward.name!r} returned shape {tuple(values.shape)}, expected ({rollout.num_samples},)"
+                )
             if not torch.isfinite(values).all():
                 raise FloatingPointError(f"reward {reward.name!r} returned non-finite scores: {values.tolist()}")
             scores[reward.name] = values

@@ -190,8 +190,15 @@ def rlpost_register_advantage_estimators(register: Any) -> None:
 def toy_recipe(output_dir: str, **run: Any) -> dict[str, Any]:
     """A complete recipe dict using the toy components."""
     return {
-        "run": {"seed": 0, "output_dir": output_dir, "max_steps": 3, "groups_per_step": 2, "samples_per_group": 4,
-                "progress": False, **run},
+        "run": {
+            "seed": 0,
+            "output_dir": output_dir,
+            "max_steps": 3,
+            "groups_per_step": 2,
+            "samples_per_group": 4,
+            "progress": False,
+            **run,
+        },
         "model": {"class_path": "toy-policy"},
         "prompts": {"class_path": "prompt-list", "init_args": {"prompts": ["a cat", "a dog", "a fish"]}},
         "sampler": {"class_path": "toy-chain", "init_args": {"num_steps": 3}},

@@ -389,7 +389,7 @@ def _quiet_hf_progress_bars() -> None:
     import transformers.utils.logging as tlog
 
     dlog.disable_progress_bar()
-    tlog.disable_progress_bar()
+    tlog.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 @hookimpl

@@ -92,7 +92,9 @@ def test_hook_rlpost_after_advantages(probed):
 def test_hook_rlpost_after_step(probed):
     probe, _, _ = probed
     assert [kw for name, kw in probe.calls if name == "after_step"] == [
-        {"step": 1, "has_reward": True}, {"step": 2, "has_reward": True}]
+        {"step": 1, "has_reward": True},
+        {"step": 2, "has_reward": True},
+    ]
     # Lifecycle order within a step.
     assert _names(probe)[1:5] == ["after_rollout", "after_rewards", "after_advantages", "after_step"]
 

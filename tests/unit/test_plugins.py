@@ -22,9 +22,22 @@ def _pip_install(package: str, target: Path, workdir: Path) -> None:
     src = workdir / package
     shutil.copytree(FIXTURES / package, src)  # building writes into the source tree; keep the fixture clean
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), str(src)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -131,8 +144,9 @@ def _cli(args: list[str], site: Path, **env: str) -> subprocess.CompletedProcess
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLPOST_")}
     full_env["PYTHONPATH"] = os.pathsep.join([str(site), full_env.get("PYTHONPATH", "")])
     full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "rlpost.cli", *args], env=full_env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rlpost.cli", *args], env=full_env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_plugins_list_json_keeps_working_with_a_broken_plugin(site):
@@ -174,8 +188,24 @@ def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_p
     example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "rlpost-reward-example"
     src, target = tmp_path / "src", tmp_path / "site"
     shutil.copytree(example, src)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(target), str(src)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     monkeypatch.syspath_prepend(str(target))
     monkeypatch.setenv("RLPOST_LOAD_PLUGINS", "rlpost-reward-example")
     monkeypatch.delitem(sys.modules, "rlpost_reward_example", raising=False)

@@ -82,8 +82,9 @@ def test_overlay_swapping_a_component_drops_the_old_arguments(tmp_path):
 
 
 def test_cli_overrides_parse_yaml_values_and_target_init_args():
-    cfg = merge_sources([str(RECIPES / "valid.yaml")], [("sampler.k", "4"), ("run.max_steps", "7"),
-                                                        ("optimizer", "clipped-surrogate")])
+    cfg = merge_sources(
+        [str(RECIPES / "valid.yaml")], [("sampler.k", "4"), ("run.max_steps", "7"), ("optimizer", "clipped-surrogate")]
+    )
     assert cfg["sampler"]["init_args"]["k"] == 4
     assert cfg["run"]["max_steps"] == 7
     assert cfg["optimizer"] == {"class_path": "clipped-surrogate"}

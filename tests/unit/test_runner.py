@@ -61,7 +61,8 @@ def test_run_directory_is_never_overwritten(tmp_path, host):
 
 def test_nonfinite_reward_is_an_error_naming_the_source(tmp_path, host, monkeypatch):
     recipe = validate(toy_recipe(str(tmp_path / "run"), max_steps=1), host)
-    monkeypatch.setattr(recipe.rewards[0], "score", lambda images, prompts, meta: torch.full((len(prompts),), float("nan")))
+    nan_scores = lambda images, prompts, meta: torch.full((len(prompts),), float("nan"))  # noqa: E731
+    monkeypatch.setattr(recipe.rewards[0], "score", nan_scores)
     with pytest.raises(FloatingPointError, match="toy-brightness"):
         Runner(recipe, host).run()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

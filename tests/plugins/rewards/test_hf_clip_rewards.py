@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+
 import rlpost_rewards._hfclip as hfclip_mod
 import rlpost_rewards.aesthetic as aesthetic_mod
-import torch
 from rlpost_rewards._paths import CheckpointNotFoundError
 from rlpost_rewards.pickscore import PickScoreReward
 

@@ -9,12 +9,13 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-import rlpost_rewards.imagereward as ir
 import torch
 import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+import rlpost_rewards.imagereward as ir
 from rlpost_rewards._common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, clip_preprocess
 from rlpost_rewards._paths import CheckpointNotFoundError
-from torch import nn
 
 from .conftest import PROMPTS, LoadCounter, check_reward_contract, make_images
 

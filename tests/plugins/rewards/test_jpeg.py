@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+
 from rlpost_rewards.jpeg import JpegCompressibility, JpegIncompressibility
 
 from .conftest import make_images

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
+
 import rlpost_rewards.clipscore as clipscore_mod
 import rlpost_rewards.hps as hps_mod
-import torch
 from rlpost_rewards._paths import CheckpointNotFoundError
-from safetensors.torch import save_file
 
 from .conftest import PROMPTS, LoadCounter, check_reward_contract, make_images
 

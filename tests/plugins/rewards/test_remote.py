@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
 from rlpost_rewards.jpeg import JpegIncompressibility
 from rlpost_rewards.remote import RemoteReward, RemoteRewardError
 from rlpost_rewards.server import builtin_rewards, make_server

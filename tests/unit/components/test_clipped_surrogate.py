@@ -57,11 +57,20 @@ class NullPolicy:
 def _rollout(old: torch.Tensor) -> Rollout:
     e = old.numel()
     return Rollout(
-        prompts=["p"], metadata=[{}], sigmas=torch.tensor([1.0, 0.0]), states=torch.zeros(e + 1, 1),
-        node_step=torch.zeros(e + 1, dtype=torch.long), node_group=torch.zeros(e + 1, dtype=torch.long),
-        edge_parent=torch.zeros(e, dtype=torch.long), edge_child=torch.arange(1, e + 1),
-        old_log_probs=old, trainable=torch.ones(e, dtype=torch.bool), edge_kernel=torch.zeros(e, dtype=torch.long),
-        kernels=["flow-sde"], sample_node=torch.arange(1, e + 1), sample_group=torch.zeros(e, dtype=torch.long),
+        prompts=["p"],
+        metadata=[{}],
+        sigmas=torch.tensor([1.0, 0.0]),
+        states=torch.zeros(e + 1, 1),
+        node_step=torch.zeros(e + 1, dtype=torch.long),
+        node_group=torch.zeros(e + 1, dtype=torch.long),
+        edge_parent=torch.zeros(e, dtype=torch.long),
+        edge_child=torch.arange(1, e + 1),
+        old_log_probs=old,
+        trainable=torch.ones(e, dtype=torch.bool),
+        edge_kernel=torch.zeros(e, dtype=torch.long),
+        kernels=["flow-sde"],
+        sample_node=torch.arange(1, e + 1),
+        sample_group=torch.zeros(e, dtype=torch.long),
         images=torch.zeros(e, 1, 1, 3, dtype=torch.uint8),
     )
 
@@ -73,8 +82,15 @@ def test_loss_matches_hand_computation():
     rule = ClippedSurrogate(clip_range=0.2, adv_clip_max=5.0)
     backend = RecordingBackend()
     theta = torch.nn.Parameter(torch.zeros(()))
-    ctx = UpdateContext(NullPolicy(), FixedSampler(theta, new), _rollout(old),  # type: ignore[arg-type]
-                        Advantages(edges=adv, samples=adv), backend, torch.Generator().manual_seed(0), 0)
+    ctx = UpdateContext(
+        NullPolicy(),
+        FixedSampler(theta, new),
+        _rollout(old),  # type: ignore[arg-type]
+        Advantages(edges=adv, samples=adv),
+        backend,
+        torch.Generator().manual_seed(0),
+        0,
+    )
     metrics = rule.update(ctx)
     # Per edge: max(-A r, -A clip(r, 0.8, 1.2)) with A clipped to [-5, 5].
     expected = [max(-1 * 1.5, -1 * 1.2), max(2 * 0.5, 2 * 0.8), max(-5 * 1.05, -5 * 1.05)]
@@ -99,8 +115,15 @@ def test_optimizer_steps_split_edges_and_normalise_per_step():
     rollout = _rollout(old)
     rollout.edge_parent = torch.tensor([0, 0, 1, 1])  # two parents with two children each
     rollout.node_step = torch.zeros(5, dtype=torch.long)
-    ctx = UpdateContext(NullPolicy(), FixedSampler(theta, torch.zeros(4)), rollout,  # type: ignore[arg-type]
-                        Advantages(edges=torch.ones(4), samples=torch.ones(4)), backend, torch.Generator(), 0)
+    ctx = UpdateContext(
+        NullPolicy(),
+        FixedSampler(theta, torch.zeros(4)),
+        rollout,  # type: ignore[arg-type]
+        Advantages(edges=torch.ones(4), samples=torch.ones(4)),
+        backend,
+        torch.Generator(),
+        0,
+    )
     rule.update(ctx)
     assert backend.steps == 2
     # minibatch_edges=1 cannot split a parent, so each optimizer step is one minibatch of 2 edges: loss -2/2.
