@@ -113,7 +113,7 @@ class Rollout:
 
     Edge table (``E`` rows), one denoising transition ``parent -> child``:
         edge_parent, edge_child: ``[E]`` long node indices.
-        old_log_probs: ``[E]`` log-prob of the child's state under the behaviour policy (reduced per the sampler's
+        old_log_probs: ``[E]`` fp64 log-prob of the child's state under the behaviour policy (reduced per the sampler's
             ``logprob_reduction``); NaN for edges a deterministic kernel produced.
         trainable: ``[E]`` bool, edges the optimizer rule may train (SDE edges in the window, a timestep subset ...).
         edge_kernel: ``[E]`` long, index into ``kernels`` naming the step kernel that produced the edge.

@@ -55,7 +55,7 @@ class RolloutBuilder:
             (
                 parent.long().cpu(),
                 child.long().cpu(),
-                log_prob.detach().float().cpu(),
+                log_prob.detach().double().cpu(),
                 torch.full((b,), trainable, dtype=torch.bool),
                 torch.full((b,), kernel, dtype=torch.long),
             )
@@ -68,7 +68,7 @@ class RolloutBuilder:
         cols = [torch.cat(c) if c else torch.zeros(0) for c in zip(*self._edges, strict=True)] if self._edges else []
         if not cols:
             empty = torch.zeros(0, dtype=torch.long)
-            cols = [empty, empty, torch.zeros(0), torch.zeros(0, dtype=torch.bool), empty]
+            cols = [empty, empty, torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.bool), empty]
         sample_nodes = sample_nodes.long().cpu()
         return Rollout(
             prompts=list(self.batch.prompts),
@@ -151,7 +151,7 @@ def evaluate_edges(
     child = rollout.states[rollout.edge_child[edges]].to(device)
     inv = inverse.to(device)
     edge_kernel = rollout.edge_kernel[edges]
-    log_prob = torch.empty(edges.shape[0], dtype=torch.float32, device=device)
+    log_prob = torch.empty(edges.shape[0], dtype=torch.float64, device=device)
     for k in torch.unique(edge_kernel).tolist():
         sel = (edge_kernel == k).nonzero().flatten().to(device)
         lp = kernels[k].log_prob(child[sel], mean[inv[sel]], std[inv[sel]], reduction)

@@ -144,8 +144,8 @@ class ClippedSurrogate(PolicyOptimizer):
 
     def _minibatch_loss(self, ctx: UpdateContext, mb: Tensor, adv: Tensor, step_size: int) -> dict[str, float]:
         evaluation = ctx.sampler.evaluate(ctx.policy, ctx.rollout, mb)
-        old = ctx.rollout.old_log_probs[mb].to(evaluation.log_prob.device, torch.float32)
-        adv = adv.to(evaluation.log_prob.device).clamp(-self.adv_clip_max, self.adv_clip_max)
+        old = ctx.rollout.old_log_probs[mb].to(evaluation.log_prob.device, torch.float64)
+        adv = adv.to(evaluation.log_prob.device, torch.float64).clamp(-self.adv_clip_max, self.adv_clip_max)
         ratio = torch.exp(evaluation.log_prob - old)
         unclipped = -adv * ratio
         clipped = -adv * ratio.clamp(1.0 - self.clip_range, 1.0 + self.clip_range)

@@ -64,7 +64,9 @@ def _per_row(sigma: Tensor, ndim: int) -> Tensor:
 def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, reduction: LogProbReduction = "mean") -> Tensor:
     """Log-density of ``x`` under ``N(mean, std² I)``, reduced over all non-batch dimensions.
 
-    ``log N(x; μ, s²) = -(x-μ)²/(2s²) - log s - ½ log 2π`` per element (algorithms.md §1.2), computed in fp32.
+    ``log N(x; μ, s²) = -(x-μ)²/(2s²) - log s - ½ log 2π`` per element (algorithms.md §1.2), computed and reduced in
+    fp64: a ``sum`` over an SD3.5 latent (~65k elements) reaches 1e4-6e4, where one fp32 ulp (1e-3-4e-3) already
+    exceeds the PPO clip range of 1e-4, so fp32 storage alone would make an unchanged policy's ratio differ from 1.
 
     Args:
         x: ``[B, ...]`` sampled states.
@@ -74,9 +76,9 @@ def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, reduction: LogProbRe
             MixGRPO, BranchGRPO); ``"sum"`` gives the log-density of the whole latent.
 
     Returns:
-        ``[B]`` fp32 log-probabilities.
+        ``[B]`` fp64 log-probabilities.
     """
-    x, mean, std = _f32(x), _f32(mean), _f32(std)
+    x, mean, std = x.double(), mean.double(), std.double()
     elem = -((x - mean) ** 2) / (2.0 * std**2) - torch.log(std) - _HALF_LOG_2PI
     dims = tuple(range(1, elem.ndim))
     if reduction == "mean":
@@ -136,7 +138,7 @@ class StepKernel(ABC):
             ``[B]`` fp32 log-probs (NaN for deterministic kernels).
         """
         if not self.stochastic:
-            return torch.full((x_next.shape[0],), float("nan"), dtype=torch.float32, device=x_next.device)
+            return torch.full((x_next.shape[0],), float("nan"), dtype=torch.float64, device=x_next.device)
         return gaussian_log_prob(x_next, mean, std, reduction)
 
     def step(

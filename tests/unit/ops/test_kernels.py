@@ -38,8 +38,8 @@ def test_gaussian_log_prob_matches_torch_normal(reduction: str) -> None:
     ref = Normal(mu, std).log_prob(x)
     ref = ref.mean(dim=(1, 2, 3)) if reduction == "mean" else ref.sum(dim=(1, 2, 3))
     ours = gaussian_log_prob(x, mu, std, reduction)  # type: ignore[arg-type]
-    assert ours.shape == (3,) and ours.dtype == torch.float32
-    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-5)
+    assert ours.shape == (3,) and ours.dtype == torch.float64  # fp64 reduction (see gaussian_log_prob)
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-5, check_dtype=False)
 
 
 def test_gaussian_log_prob_rejects_unknown_reduction() -> None:
@@ -58,7 +58,7 @@ def test_sde_log_prob_equals_normal(kernel: StepKernel, reduction: str) -> None:
     assert out.std.shape == (3, 1, 1, 1) and bool((out.std > 0).all())
     ref = Normal(out.mean, out.std).log_prob(out.next_latents)
     ref = ref.mean(dim=(1, 2, 3)) if reduction == "mean" else ref.sum(dim=(1, 2, 3))
-    torch.testing.assert_close(out.log_prob, ref, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(out.log_prob, ref, rtol=1e-6, atol=1e-5, check_dtype=False)
     # the scoring function alone gives the same number (rollout and training share it)
     assert torch.equal(kernel.log_prob(out.next_latents, out.mean, out.std, reduction), out.log_prob)  # type: ignore[arg-type]
 
@@ -139,7 +139,7 @@ def test_cps_final_step_and_flow_grpo_logprob() -> None:
     torch.testing.assert_close(out.next_latents[2], x[2] - 0.5 * v[2])  # lands on x̂0
     fg = CPSKernel(0.7, log_prob="flow-grpo")
     lp = fg.log_prob(out.next_latents, out.mean, out.std)
-    torch.testing.assert_close(lp, -((out.next_latents - out.mean) ** 2).mean(dim=(1, 2, 3)))
+    torch.testing.assert_close(lp, -((out.next_latents - out.mean) ** 2).mean(dim=(1, 2, 3)), check_dtype=False)
 
 
 def test_euler_matches_diffusers_scheduler_and_has_no_density() -> None:
@@ -172,7 +172,7 @@ def test_rows_with_different_sigmas_equal_separate_calls() -> None:
 def test_low_precision_inputs_give_fp32() -> None:
     x, v = _state()
     out = FlowGRPOSDE().step(x.bfloat16(), v.bfloat16(), torch.full((3,), 0.5), torch.full((3,), 0.4), None)
-    assert out.next_latents.dtype == out.mean.dtype == out.log_prob.dtype == torch.float32
+    assert out.next_latents.dtype == out.mean.dtype == torch.float32 and out.log_prob.dtype == torch.float64
 
 
 def test_make_kernel() -> None:

@@ -1,0 +1,217 @@
+"""TreeGRPO advantages: per-prompt leaf z-scores backed up leaf → root with softmax(log π_old) weights.
+
+TreeGRPO (algorithms.md §2.3):
+
+1. Leaf advantage ``A(ℓ)``: the leaf's reward z-scored within its prompt's leaves (all trees of that prompt).
+   Several rewards are mixed by :func:`rlpost.ops.reward_mixing.mix_rewards`; the paper's 0.8 HPS : 0.2 CLIP mix is
+   on advantages (``multi_reward: advantage``).
+2. Backup in reverse topological order: the value of node ``u`` is ``V(u) = Σ_{e ∈ S(u)} w_u(e) · V(child(e))``
+   with ``w_u(e) = softmax_{e ∈ S(u)}(log π_old(e) / τ)``; a decoded sample's value is its leaf advantage.
+3. The advantage of edge ``e`` is ``V(child(e))``: a leaf edge gets its leaf's advantage, a window edge the
+   probability-weighted average of its children's edge advantages. Single-child (ODE) nodes have weight 1 and pass
+   values through unchanged. Non-trainable edges get advantage 0.
+
+Everything is vectorised per schedule level (one ``index_add`` per step, never a Python loop over nodes): edges
+always go from step ``t`` to a later step, so processing parents by decreasing ``node_step`` is a topological order.
+
+The ``leaf-zscore`` ablation keeps the same leaf z-scores but replaces the policy-weighted backup by plain
+aggregation over each edge's descendant leaves (see :class:`LeafZScoreAdvantage`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+from torch import Tensor
+
+from rlpost.api import AdvantageEstimator, Advantages
+from rlpost.contract import RewardScores, Rollout
+from rlpost.ops.reward_mixing import mix_rewards
+
+__all__ = ["LeafZScoreAdvantage", "TreeBackupAdvantage", "backup_values", "zero_std_fraction"]
+
+
+def _levels(rollout: Rollout) -> list[tuple[int, Tensor]]:
+    """Edge indices grouped by their parent's schedule index, deepest level first."""
+    step = rollout.node_step[rollout.edge_parent]
+    return [(int(t), (step == t).nonzero().flatten()) for t in torch.unique(step).flip(0).tolist()]
+
+
+def backup_values(
+    rollout: Rollout,
+    leaf_values: Tensor,
+    weights: Literal["softmax", "uniform"] = "softmax",
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Back ``leaf_values`` up the rollout's tree: ``V(u) = Σ_e w_u(e)·V(child(e))`` (TreeGRPO §2.3, step 3).
+
+    Args:
+        rollout: The rollout (its node/edge table is the tree).
+        leaf_values: ``[S]`` value of each decoded sample (aligned with ``rollout.sample_node``).
+        weights: ``"softmax"``: ``w_u = softmax(log π_old / temperature)`` over ``u``'s child edges (the paper);
+            ``"uniform"``: ``w_u = 1/|S(u)|`` (ablation). Nodes with one child use weight 1 either way, so
+            deterministic (NaN log-prob) edges pass values through.
+        temperature: Softmax temperature ``τ > 0``.
+
+    Returns:
+        ``(node_values [N], edge_weights [E])``: the backed-up value of every node (NaN for nodes that reach no
+        sample) and the weight each edge received within its sibling set.
+    """
+    if temperature <= 0:
+        raise ValueError(f"backup temperature must be > 0, got {temperature}")
+    n = rollout.num_nodes
+    values = torch.full((n,), float("nan"), dtype=torch.float64)
+    values[rollout.sample_node] = leaf_values.detach().double().cpu()
+    edge_w = torch.zeros(rollout.num_edges, dtype=torch.float64)
+    counts = rollout.children_count()
+    for _, e in _levels(rollout):
+        parent, child = rollout.edge_parent[e], rollout.edge_child[e]
+        single = counts[parent] == 1
+        if weights == "softmax":
+            logits = rollout.old_log_probs[e].double() / temperature
+            # Single-child (ODE) edges carry NaN log-probs: give them logit 0 (their weight is 1 regardless).
+            logits = torch.where(single | torch.isnan(logits), torch.zeros_like(logits), logits)
+            # Grouped (per-parent) softmax: subtract each parent's max for stability.
+            peak = torch.full((n,), float("-inf"), dtype=torch.float64).scatter_reduce(
+                0, parent, logits, reduce="amax", include_self=True
+            )
+            unnorm = torch.exp(logits - peak[parent])
+        else:
+            unnorm = torch.ones(e.shape[0], dtype=torch.float64)
+        denom = torch.zeros(n, dtype=torch.float64).index_add_(0, parent, unnorm)
+        w = unnorm / denom[parent]
+        edge_w[e] = w
+        contrib = w * values[child]
+        values[parent] = torch.zeros(n, dtype=torch.float64).index_add_(0, parent, contrib)[parent]
+    return values, edge_w
+
+
+def zero_std_fraction(values: Tensor, groups: Tensor) -> float:
+    """Fraction of groups whose ``values`` are all equal (their z-scores are all zero; algorithms.md §1.4)."""
+    uniq, inverse = torch.unique(groups, return_inverse=True)
+    v = values.double()
+    hi = torch.full((uniq.shape[0],), float("-inf"), dtype=torch.float64).scatter_reduce(0, inverse, v, "amax")
+    lo = torch.full((uniq.shape[0],), float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, v, "amin")
+    return float((hi == lo).double().mean()) if uniq.numel() else 0.0
+
+
+def _leaf_advantages(
+    rollout: Rollout, scores: RewardScores, mode: Literal["advantage", "reward"], eps: float
+) -> Tensor:
+    """Per-prompt z-scored (unbiased std) and mixed leaf advantages, ``[S]`` fp32."""
+    groups = rollout.sample_group + rollout.group_offset
+    return mix_rewards(scores, groups, mode=mode, eps=eps).float()
+
+
+def _common_metrics(rollout: Rollout, scores: RewardScores, leaf: Tensor, edges: Tensor) -> dict[str, float]:
+    train = rollout.trainable
+    return {
+        "adv/abs_mean": float(edges[train].abs().mean()) if bool(train.any()) else 0.0,
+        "adv/leaf_std": float(leaf.std()) if leaf.numel() > 1 else 0.0,
+        "adv/zero_std_frac": zero_std_fraction(scores.weighted_sum(), rollout.sample_group),
+    }
+
+
+class TreeBackupAdvantage(AdvantageEstimator):
+    """TreeGRPO's leaf-to-root advantage backup (algorithms.md §2.3).
+
+    Args:
+        temperature: ``τ`` in ``w_u(e) = softmax(log π_old(e) / τ)``. The log-prob scale is the sampler's
+            ``logprob_reduction``: per-element means give near-uniform weights, sums near one-hot ones (§2.6).
+        weights: ``"softmax"`` (the paper) or ``"uniform"`` (ablation: plain mean over children).
+        multi_reward: ``"advantage"``: weighted sum of per-reward leaf z-scores (the paper's 0.8 HPS : 0.2 CLIP);
+            ``"reward"``: z-score of the weighted reward sum.
+        eps: Added to each prompt's leaf std (unbiased, Bessel-corrected, as ``torch.std`` and DanceGRPO).
+    """
+
+    name: ClassVar[str] = "tree-backup"
+    requires: ClassVar[frozenset[str]] = frozenset({"tree"})
+
+    def __init__(
+        self,
+        temperature: float = 1.0,
+        weights: Literal["softmax", "uniform"] = "softmax",
+        multi_reward: Literal["advantage", "reward"] = "advantage",
+        eps: float = 1e-8,
+    ) -> None:
+        self.temperature = float(temperature)
+        self.weights: Literal["softmax", "uniform"] = weights
+        self.multi_reward: Literal["advantage", "reward"] = multi_reward
+        self.eps = float(eps)
+
+    def validate(self, recipe: object) -> list[str]:
+        """Check ``temperature`` and ``eps``."""
+        problems = []
+        if not self.temperature > 0:
+            problems.append(f"advantage.init_args.temperature: must be > 0, got {self.temperature}")
+        if self.eps < 0:
+            problems.append(f"advantage.init_args.eps: must be >= 0, got {self.eps}")
+        return problems
+
+    def estimate(self, rollout: Rollout, scores: RewardScores) -> Advantages:
+        """Leaf z-scores, then the probability-weighted backup; advantage 0 on non-trainable edges."""
+        leaf = _leaf_advantages(rollout, scores, self.multi_reward, self.eps)
+        values, edge_w = backup_values(rollout, leaf, self.weights, self.temperature)
+        edges = values[rollout.edge_child].nan_to_num(0.0)
+        edges = torch.where(rollout.trainable, edges, torch.zeros_like(edges)).float()
+        metrics = _common_metrics(rollout, scores, leaf, edges)
+        # ESS of each branching node's weights, 1/Σw² (k for uniform weights, 1 for one-hot), averaged over nodes.
+        branching = rollout.children_count() > 1
+        sq = torch.zeros(rollout.num_nodes, dtype=torch.float64).index_add_(0, rollout.edge_parent, edge_w**2)
+        metrics["adv/backup_ess"] = float((1.0 / sq[branching]).mean()) if bool(branching.any()) else 1.0
+        return Advantages(edges=edges, samples=leaf, metrics=metrics)
+
+
+class LeafZScoreAdvantage(AdvantageEstimator):
+    """Ablation "no backup": leaf z-scores aggregated over each edge's descendant leaves, ignoring the policy.
+
+    Every edge ``e`` gets ``Σ_{ℓ ∈ desc(e)} A(ℓ)`` (``aggregate: sum``, the default) or its mean
+    (``aggregate: mean``), where ``desc(e)`` are the decoded samples below ``e``:
+
+    * ``sum`` treats every root-to-leaf path as an independent GRPO trajectory trained with its leaf's advantage
+      (what DanceGRPO would do with these samples): an edge shared by ``n_e`` paths receives the sum of their
+      advantages, so the (unclipped) gradient equals the per-path GRPO gradient up to a constant factor.
+      Shared upper edges get larger magnitudes (sums of ``k^(d-1)`` z-scores for the first window step) and are
+      more often clipped by the update rule's ``adv_clip_max``.
+    * ``mean`` is the uniform average of descendant leaves, which on the sampler's complete ``k``-ary trees equals
+      ``tree-backup`` with ``weights: uniform`` (kept for non-uniform trees and as a cross-check).
+
+    Works on any rollout (on chains every edge has one descendant, so both modes reduce to plain per-sample GRPO).
+
+    Args:
+        aggregate: ``"sum"`` or ``"mean"`` over descendant leaves.
+        multi_reward: As in :class:`TreeBackupAdvantage`.
+        eps: Added to each prompt's (unbiased) leaf std.
+    """
+
+    name: ClassVar[str] = "leaf-zscore"
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self,
+        aggregate: Literal["sum", "mean"] = "sum",
+        multi_reward: Literal["advantage", "reward"] = "advantage",
+        eps: float = 1e-8,
+    ) -> None:
+        self.aggregate: Literal["sum", "mean"] = aggregate
+        self.multi_reward: Literal["advantage", "reward"] = multi_reward
+        self.eps = float(eps)
+
+    def estimate(self, rollout: Rollout, scores: RewardScores) -> Advantages:
+        """Descendant-leaf sums (or means) of the leaf z-scores; advantage 0 on non-trainable edges."""
+        leaf = _leaf_advantages(rollout, scores, self.multi_reward, self.eps)
+        n = rollout.num_nodes
+        total = torch.zeros(n, dtype=torch.float64)
+        count = torch.zeros(n, dtype=torch.float64)
+        total.index_add_(0, rollout.sample_node, leaf.double())
+        count.index_add_(0, rollout.sample_node, torch.ones(rollout.num_samples, dtype=torch.float64))
+        for _, e in _levels(rollout):
+            parent, child = rollout.edge_parent[e], rollout.edge_child[e]
+            total.index_add_(0, parent, total[child])
+            count.index_add_(0, parent, count[child])
+        node = total if self.aggregate == "sum" else total / count.clamp_min(1.0)
+        edges = node[rollout.edge_child]
+        edges = torch.where(rollout.trainable, edges, torch.zeros_like(edges)).float()
+        metrics = _common_metrics(rollout, scores, leaf, edges)
+        return Advantages(edges=edges, samples=leaf, metrics=metrics)

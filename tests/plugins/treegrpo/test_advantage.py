@@ -1,0 +1,176 @@
+"""The tree backup and the leaf z-score ablation on small hand-built rollouts (no model)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlpost.contract import RewardScores, Rollout
+from rlpost_treegrpo.advantage import LeafZScoreAdvantage, TreeBackupAdvantage, backup_values
+
+NAN = float("nan")
+
+
+def make_rollout(
+    node_step: list[int],
+    node_group: list[int],
+    edges: list[tuple[int, int, float, bool]],
+    samples: list[int],
+    num_groups: int = 1,
+) -> Rollout:
+    """A rollout from a node list and ``(parent, child, old_log_prob, trainable)`` edges (kernel 0 = SDE, 1 = ODE)."""
+    n, s = len(node_step), len(samples)
+    parent, child, logp, train = zip(*edges, strict=True)
+    return Rollout(
+        prompts=[f"p{g}" for g in range(num_groups)],
+        metadata=[{} for _ in range(num_groups)],
+        sigmas=torch.linspace(1, 0, max(node_step) + 1),
+        states=torch.zeros(n, 1),
+        node_step=torch.tensor(node_step),
+        node_group=torch.tensor(node_group),
+        edge_parent=torch.tensor(parent),
+        edge_child=torch.tensor(child),
+        old_log_probs=torch.tensor(logp, dtype=torch.float32),
+        trainable=torch.tensor(train),
+        edge_kernel=torch.tensor([0 if t else 1 for t in train]),
+        kernels=["flow-sde", "ode"],
+        sample_node=torch.tensor(samples),
+        sample_group=torch.tensor(node_group)[torch.tensor(samples)],
+        images=torch.zeros(s, 2, 2, 3, dtype=torch.uint8),
+    )
+
+
+def scores(values: list[float], **more: list[float]) -> RewardScores:
+    table = {"r": torch.tensor(values)} | {k: torch.tensor(v) for k, v in more.items()}
+    return RewardScores(scores=table, weights={k: 1.0 for k in table})
+
+
+def zscore(values: list[float]) -> torch.Tensor:
+    t = torch.tensor(values, dtype=torch.float64)
+    return (t - t.mean()) / t.std()  # unbiased (Bessel) std, the estimator's documented choice
+
+
+def test_paper_example_one_node() -> None:
+    """The paper summary's worked example: children advantages [1.0, 0.1, -0.2], probabilities [0.6, 0.3, 0.1].
+
+    0.6·1.0 + 0.3·0.1 + 0.1·(-0.2) = 0.6 + 0.03 - 0.02 = 0.61. The summary prints "≈ 0.64", an arithmetic slip.
+    """
+    # Log-probs are only defined up to a shared constant within a sibling set: the softmax removes it.
+    logp = [math.log(p) - 7.0 for p in (0.6, 0.3, 0.1)]
+    r = make_rollout([0, 1, 1, 1], [0] * 4, [(0, 1 + j, logp[j], True) for j in range(3)], samples=[1, 2, 3])
+    values, w = backup_values(r, torch.tensor([1.0, 0.1, -0.2]))
+    assert values[0].item() == pytest.approx(0.61, abs=1e-6)
+    torch.testing.assert_close(w, torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64), atol=1e-6, rtol=0)
+    # Temperature divides log-probs: scaling them by τ and using temperature τ gives the same weights.
+    r2 = make_rollout([0, 1, 1, 1], [0] * 4, [(0, 1 + j, 2.5 * logp[j], True) for j in range(3)], samples=[1, 2, 3])
+    assert backup_values(r2, torch.tensor([1.0, 0.1, -0.2]), temperature=2.5)[0][0].item() == pytest.approx(0.61)
+    # Uniform ablation: plain mean.
+    assert backup_values(r, torch.tensor([1.0, 0.1, -0.2]), weights="uniform")[0][0].item() == pytest.approx(0.3)
+
+
+def two_level_tree() -> tuple[Rollout, list[float]]:
+    """root -ODE-> a; a branches to b1, b2 (window step 1); each b branches to two leaves (window step 2);
+    each leaf has an ODE tail edge to its decoded node (step 3). One prompt group, 4 samples.
+
+    nodes: 0 root(0), 1 a(1), 2 b1(2), 3 b2(2), 4..7 leaves(3), 8..11 decoded(4)
+    """
+    lp_b = [math.log(0.75), math.log(0.25)]
+    lp_leaf = [math.log(0.5), math.log(0.5), math.log(0.9), math.log(0.1)]
+    edges = [(0, 1, NAN, False), (1, 2, lp_b[0], True), (1, 3, lp_b[1], True)]
+    edges += [(2, 4, lp_leaf[0], True), (2, 5, lp_leaf[1], True), (3, 6, lp_leaf[2], True), (3, 7, lp_leaf[3], True)]
+    edges += [(4 + j, 8 + j, NAN, False) for j in range(4)]
+    r = make_rollout([0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4], [0] * 12, edges, samples=[8, 9, 10, 11])
+    return r, [3.0, 1.0, 0.0, 4.0]
+
+
+def test_backup_two_levels_with_ode_pass_through() -> None:
+    r, rewards = two_level_tree()
+    out = TreeBackupAdvantage().estimate(r, scores(rewards))
+    z = zscore(rewards)
+    b1 = 0.5 * z[0] + 0.5 * z[1]
+    b2 = 0.9 * z[2] + 0.1 * z[3]
+    expected = torch.zeros(r.num_edges, dtype=torch.float64)
+    expected[1], expected[2] = b1, b2  # edges into b1, b2
+    expected[3:7] = z  # leaf edges get the leaf (= decoded sample, via the ODE tail) advantage
+    torch.testing.assert_close(out.edges.double(), expected, atol=1e-6, rtol=0)
+    assert out.edges.dtype == torch.float32
+    assert out.edges[~r.trainable].abs().max() == 0  # trunk and tail edges: advantage 0
+    # Backed-up value at a (not an edge advantage: the trunk edge is not trainable) is 0.75·b1 + 0.25·b2.
+    values, _ = backup_values(r, z.float())
+    assert values[1].item() == pytest.approx(float(0.75 * b1 + 0.25 * b2), abs=1e-6)
+    assert values[0].item() == pytest.approx(values[1].item())  # single-child ODE node passes through
+    # ESS of the branching nodes (a, b1, b2): 1/Σw² = 1/(0.75²+0.25²), 2, 1/(0.9²+0.1²).
+    ess = (1 / (0.75**2 + 0.25**2) + 2.0 + 1 / (0.9**2 + 0.1**2)) / 3
+    assert out.metrics["adv/backup_ess"] == pytest.approx(ess)
+    assert out.metrics["adv/abs_mean"] == pytest.approx(float(expected[r.trainable].abs().mean()), abs=1e-6)
+    assert out.metrics["adv/zero_std_frac"] == 0.0
+
+
+def test_uniform_backup_and_leaf_zscore() -> None:
+    r, rewards = two_level_tree()
+    z = zscore(rewards)
+    uni = TreeBackupAdvantage(weights="uniform").estimate(r, scores(rewards))
+    mean = LeafZScoreAdvantage(aggregate="mean").estimate(r, scores(rewards))
+    total = LeafZScoreAdvantage(aggregate="sum").estimate(r, scores(rewards))
+    # On a complete binary tree the uniform backup equals the mean over descendant leaves.
+    torch.testing.assert_close(uni.edges, mean.edges)
+    assert uni.edges[1].item() == pytest.approx(float((z[0] + z[1]) / 2), abs=1e-6)
+    assert total.edges[1].item() == pytest.approx(float(z[0] + z[1]), abs=1e-6)
+    assert total.edges[2].item() == pytest.approx(float(z[2] + z[3]), abs=1e-6)
+    torch.testing.assert_close(total.edges[3:7].double(), z, atol=1e-6, rtol=0)
+    assert total.edges[~r.trainable].abs().max() == 0
+    assert uni.metrics["adv/backup_ess"] == pytest.approx(2.0)
+
+
+def test_leaf_zscores_per_prompt_and_zero_std_groups() -> None:
+    """Two prompts of one-level trees with 3 leaves each, plus a third whose rewards are all equal."""
+    edges, steps, groups, samples = [], [], [], []
+    for g in range(3):
+        root = len(steps)
+        steps.append(0)
+        groups.append(g)
+        for _ in range(3):
+            steps.append(1)
+            groups.append(g)
+            edges.append((root, len(steps) - 1, -1.0, True))
+            samples.append(len(steps) - 1)
+    r = make_rollout(steps, groups, edges, samples, num_groups=3)
+    rewards = [1.0, 2.0, 6.0, -3.0, 10.0, 0.5, 7.0, 7.0, 7.0]
+    out = TreeBackupAdvantage().estimate(r, scores(rewards))
+    for g in range(2):
+        leaf = out.samples[3 * g : 3 * g + 3].double()
+        assert leaf.mean().item() == pytest.approx(0.0, abs=1e-6)
+        assert leaf.std().item() == pytest.approx(1.0, abs=1e-6)
+    assert out.samples[6:].abs().max() == 0  # equal rewards: zero advantage, never NaN
+    assert torch.isfinite(out.edges).all()
+    assert out.metrics["adv/zero_std_frac"] == pytest.approx(1 / 3)
+    assert out.metrics["adv/backup_ess"] == pytest.approx(3.0)  # equal log-probs -> uniform weights
+
+
+def test_multi_reward_mixed_on_advantages() -> None:
+    r, hps = two_level_tree()
+    clip = [0.2, 0.4, 0.3, 0.1]
+    table = RewardScores(
+        scores={"hps": torch.tensor(hps), "clip": torch.tensor(clip)}, weights={"hps": 0.8, "clip": 0.2}
+    )
+    adv = TreeBackupAdvantage(multi_reward="advantage").estimate(r, table)
+    torch.testing.assert_close(adv.samples.double(), 0.8 * zscore(hps) + 0.2 * zscore(clip), atol=1e-6, rtol=0)
+    rew = TreeBackupAdvantage(multi_reward="reward").estimate(r, table)
+    mixed = [0.8 * a + 0.2 * b for a, b in zip(hps, clip, strict=True)]
+    torch.testing.assert_close(rew.samples.double(), zscore(mixed), atol=1e-6, rtol=0)
+
+
+def test_sum_reduction_sharpens_weights() -> None:
+    """With summed log-probs (large magnitudes) the softmax is near one-hot: the backup follows the likeliest child."""
+    logp = [-1000.0, -1010.0]
+    r = make_rollout([0, 1, 1], [0] * 3, [(0, 1, logp[0], True), (0, 2, logp[1], True)], samples=[1, 2])
+    values, w = backup_values(r, torch.tensor([1.0, -1.0]))
+    assert w[0].item() == pytest.approx(1.0, abs=1e-4)
+    assert values[0].item() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_validation_messages() -> None:
+    problems = TreeBackupAdvantage(temperature=0.0, eps=-1.0).validate(None)
+    assert any("temperature" in p for p in problems) and any("eps" in p for p in problems)
