@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlpost.components.clipped_surrogate import ClippedSurrogate
+from rlpost.components.group_zscore import GroupZScoreAdvantage
 from rlpost.hookspecs import hookimpl
 
 
@@ -12,3 +13,9 @@ from rlpost.hookspecs import hookimpl
 def rlpost_register_optimizers(register: Any) -> None:
     """Register the clipped-surrogate update rule."""
     register(ClippedSurrogate)
+
+
+@hookimpl
+def rlpost_register_advantage_estimators(register: Any) -> None:
+    """Register the group z-score estimator shared by DanceGRPO and MixGRPO."""
+    register(GroupZScoreAdvantage)

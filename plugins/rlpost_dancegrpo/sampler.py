@@ -1,0 +1,139 @@
+"""DanceGRPO's sampler (Xue et al. 2025, ``XueZeyue/DanceGRPO`` ``fastvideo/train_grpo_flux.py``), ported to the
+rlpost chain core: SDE chains with DanceGRPO's step at every step, a shared initial noise per group and a per-sample
+random subset of steps to train (algorithms.md 4.2-4.4).
+
+Last step and decoding. Upstream SDE-samples every step and decodes ``x̂0 = x - σ·v`` predicted at the last step, so
+the last sampled action never reaches the reward (hence its ``--ignore_last``). Here, by default
+(``final_step="ode"``), the last step (``σ_{T-1} -> 0``) is the deterministic Euler step, whose result
+``x - σ_{T-1}·v`` *is* that ``x̂0``: the decoded image is upstream's, and the last edge is recorded but not trainable
+(upstream with ``--ignore_last``). ``final_step="sde"`` samples the last step too and decodes the sampled state (which
+then holds SDE noise of std ``η·sqrt(σ_{T-1})``); ``ignore_last`` then keeps that step out of training.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor
+
+from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
+from rlpost.components.chain import (
+    ChainPlan,
+    evaluate_chain_edges,
+    random_step_subset,
+    run_chains,
+    shared_or_independent_noise,
+)
+from rlpost.contract import PromptBatch, Rollout
+from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
+
+__all__ = ["DanceGRPOSampler"]
+
+
+class DanceGRPOSampler(Sampler):
+    """Independent SDE chains with DanceGRPO's step kernel and a random subset of trained timesteps per sample.
+
+    Args:
+        num_steps: Denoising steps ``T`` (NFE per image, before CFG doubling).
+        eta: ``η`` of DanceGRPO's SDE (``μ = x + dt·(v - ½η²ŝ)``, std ``η·sqrt(σ - σ')``); upstream default 0.3.
+        timestep_fraction: Fraction of the eligible stochastic steps trained per sample; each sample trains the
+            first ``int(n_eligible · timestep_fraction)`` steps of its own random permutation (upstream 0.6).
+        init_same_noise: All samples of a group start from the same initial noise (upstream ``--init_same_noise``).
+        final_step: ``"ode"``: the last step is deterministic and lands on ``x̂0`` (upstream's decoded image);
+            ``"sde"``: the last step is sampled too.
+        ignore_last: With ``final_step="sde"``, keep the last step out of training (upstream ``--ignore_last``).
+        logprob_reduction: Reduce per-element log-densities by ``"mean"`` (every anchor codebase) or ``"sum"``.
+        chunk_size: Maximum rows per denoiser forward during the rollout (memory budget).
+    """
+
+    name: ClassVar[str] = "dance"
+    provides: ClassVar[frozenset[str]] = frozenset({"chains"})
+
+    def __init__(
+        self,
+        num_steps: int = 10,
+        eta: float = 0.3,
+        timestep_fraction: float = 0.6,
+        init_same_noise: bool = True,
+        final_step: Literal["ode", "sde"] = "ode",
+        ignore_last: bool = False,
+        logprob_reduction: LogProbReduction = "mean",
+        chunk_size: int = 16,
+    ) -> None:
+        self.num_steps = int(num_steps)
+        self.eta = float(eta)
+        self.timestep_fraction = float(timestep_fraction)
+        self.init_same_noise = bool(init_same_noise)
+        self.final_step = final_step
+        self.ignore_last = bool(ignore_last)
+        self.logprob_reduction: LogProbReduction = logprob_reduction
+        self.chunk_size = int(chunk_size)
+        self._kernels: list[StepKernel | None] = [make_kernel("dance-sde", eta=max(self.eta, 0.0)), make_kernel("ode")]
+
+    # ---------------------------------------------------------------------------------------------- planning
+    @property
+    def eligible_steps(self) -> int:
+        """Stochastic steps a sample may train: ``T - 1`` with a deterministic last step or ``ignore_last``."""
+        last_excluded = self.final_step == "ode" or self.ignore_last
+        return self.num_steps - (1 if last_excluded else 0)
+
+    @property
+    def train_steps(self) -> int:
+        """Steps trained per sample: ``int(eligible_steps · timestep_fraction)`` (upstream's truncation)."""
+        return int(self.eligible_steps * self.timestep_fraction)
+
+    def validate(self, recipe: Any) -> list[str]:
+        """Check the step count, ``η``, ``timestep_fraction`` and the chunk size."""
+        problems = []
+        if self.num_steps < 2:
+            problems.append(f"sampler.init_args.num_steps: must be >= 2, got {self.num_steps}")
+        if not self.eta > 0:
+            problems.append(
+                f"sampler.init_args.eta: must be > 0 (η = 0 is the ODE, which has no log-prob), got {self.eta}"
+            )
+        if not 0.0 < self.timestep_fraction <= 1.0:
+            problems.append(f"sampler.init_args.timestep_fraction: must be in (0, 1], got {self.timestep_fraction}")
+        elif self.num_steps >= 2 and self.train_steps < 1:
+            problems.append(
+                f"sampler.init_args.timestep_fraction: int({self.eligible_steps} eligible steps x "
+                f"{self.timestep_fraction}) = 0 steps would be trained; raise it or num_steps"
+            )
+        if self.final_step not in ("ode", "sde"):
+            problems.append(f"sampler.init_args.final_step: must be 'ode' or 'sde', got {self.final_step!r}")
+        if self.ignore_last and self.final_step == "ode":
+            problems.append("sampler.init_args.ignore_last: has no effect with final_step='ode' (the last step is "
+                            "already deterministic and untrained); drop it")
+        if self.chunk_size < 1:
+            problems.append(f"sampler.init_args.chunk_size: must be >= 1, got {self.chunk_size}")
+        return problems
+
+    def plan(self, sigmas: Tensor, num_samples: int, generator: torch.Generator) -> ChainPlan:
+        """Kernels per step and each sample's random trained subset (drawn from ``generator``)."""
+        t = self.num_steps
+        step_kernel = [0] * t
+        if self.final_step == "ode":
+            step_kernel[-1] = 1
+        # Per sample: a random permutation of the eligible steps, keep its first train_steps (algorithms.md 4.3.7).
+        trainable = random_step_subset(num_samples, t, self.eligible_steps, self.train_steps, generator)
+        return ChainPlan(sigmas.cpu(), ["dance-sde", "ode"], self._kernels, step_kernel, trainable)
+
+    # --------------------------------------------------------------------------------------------- sampling
+    def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
+        """SDE-sample ``samples_per_group`` chains per group, all chains batched together."""
+        s = batch.num_groups * batch.samples_per_group
+        noise = shared_or_independent_noise(
+            policy, batch.num_groups, batch.samples_per_group, generator, self.init_same_noise
+        )
+        plan = self.plan(policy.sigmas(self.num_steps), s, generator)
+        return run_chains(policy, batch, generator, plan, noise, self.chunk_size, self.logprob_reduction)
+
+    def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
+        """Recompute the log-probs of ``edges`` with the rollout's own kernel (one forward per parent)."""
+        return evaluate_chain_edges(policy, rollout, edges, self._kernels, self.logprob_reduction)
+
+    def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
+        """``S = G·K`` images, ``S·T`` rollout forwards, ``S·int(eligible·fraction)`` trained edges (= forwards)."""
+        s = num_groups * samples_per_group
+        edges = s * self.train_steps
+        return StepCounts(images=s, trainable_edges=edges, rollout_forwards=s * self.num_steps, train_forwards=edges)

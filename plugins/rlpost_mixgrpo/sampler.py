@@ -1,0 +1,202 @@
+"""MixGRPO's sampler (Li et al. 2025, ``Tencent-Hunyuan/MixGRPO`` ``fastvideo/utils/sampling_utils.py:
+run_sample_step``; algorithms.md 6.2-6.4) on the rlpost chain core.
+
+Each chain runs the ODE outside a sliding window and Flow-GRPO's SDE (``--flow_grpo_sampling``, noise level
+``a = 0.7``, algorithms.md 5.2/6.3) inside it; only window steps are trained. The window moves across iterations
+(:class:`~rlpost_mixgrpo.window.WindowScheduler`). MixGRPO-Flash replaces the ODE steps after the window by fewer
+steps of multistep DPM-Solver++ (order 2) on a fresh time-shifted schedule (algorithms.md 6.4):
+``R = T - end`` remaining steps become ``max(1, floor(R · compress_ratio))`` steps from ``σ_end`` to 0.
+
+The last step always lies outside the window (windows end before ``T - 2``), so it is deterministic and lands on
+``x̂0``, the image that is decoded.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
+from rlpost.components.chain import (
+    DPM_SOLVER,
+    ChainPlan,
+    evaluate_chain_edges,
+    run_chains,
+    shared_or_independent_noise,
+)
+from rlpost.contract import PromptBatch, Rollout
+from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
+from rlpost.ops.schedules import time_shift
+
+from .window import WindowScheduler, WindowStrategy
+
+__all__ = ["MixGRPOSampler", "compressed_tail"]
+
+_SDE, _ODE, _DPM = 0, 1, 2
+
+
+def compressed_tail(sigma_end: float, remaining: int, compress_ratio: float, shift: float) -> Tensor:
+    """MixGRPO-Flash's post-window schedule: ``max(1, floor(remaining · ratio))`` steps from ``sigma_end`` to 0.
+
+    The unshifted time of ``sigma_end`` (inverse of ``σ = s·t / (1 + (s-1)·t)``) is spaced linearly to 0 and
+    shifted again (algorithms.md 6.4), so the tail has the model's time-shift profile.
+
+    Returns:
+        ``[n + 1]`` fp32 noise levels, ``[0] == sigma_end`` and ``[-1] == 0``.
+    """
+    n = max(1, math.floor(remaining * compress_ratio))
+    t_end = sigma_end / (shift - (shift - 1.0) * sigma_end)
+    tail = time_shift(torch.linspace(t_end, 0.0, n + 1, dtype=torch.float64), shift).to(torch.float32)
+    tail[0] = sigma_end
+    tail[-1] = 0.0
+    return tail
+
+
+class MixGRPOSampler(Sampler):
+    """ODE chains with a moving SDE window; only window steps are trained.
+
+    Args:
+        num_steps: Sampling steps ``T`` of the base schedule.
+        noise_level: ``a`` of Flow-GRPO's SDE inside the window (MixGRPO ``eta`` 0.7).
+        window_size: ``w``, SDE (trained) steps per sample (MixGRPO 4 of 25 steps).
+        shift_interval: ``τ``, iterations between window moves (MixGRPO 25; Flash 20).
+        window_strategy: ``"progressive"`` (default), ``"random"`` or ``"decay"`` (see ``window.py``).
+        window_stride: Steps the progressive window moves by; ``null`` = ``w`` (non-overlapping), 0 = frozen window
+            (MixGRPO-Flash*). MixGRPO's script uses 1 (overlapping).
+        roll_back: Restart the progressive window at step 0 after the last window (MixGRPO ``--roll_back``).
+        window_limit: Windows lie in ``[0, window_limit)``; ``null`` = ``num_steps - 2`` (upstream).
+        decay_rate: ``k`` of the ``decay`` strategy.
+        decay_offset: Window start after which ``decay`` shortens ``τ``.
+        window_seed: Seed of the ``random`` strategy.
+        init_same_noise: Share the initial noise within a group (MixGRPO's script sets ``--init_same_noise``).
+        dpm_after_window: MixGRPO-Flash: DPM-Solver++ (2M) with a compressed schedule after the window.
+        compress_ratio: Flash's step compression after the window (0.4 Flash, 0.2 Flash*).
+        shift: The model's static time shift, used to build Flash's compressed tail (SD3/SD3.5: 3.0).
+        logprob_reduction: ``"mean"`` (anchor convention) or ``"sum"`` over latent elements.
+        chunk_size: Maximum rows per denoiser forward during the rollout (memory budget).
+    """
+
+    name: ClassVar[str] = "mix"
+    provides: ClassVar[frozenset[str]] = frozenset({"chains"})
+
+    def __init__(
+        self,
+        num_steps: int = 10,
+        noise_level: float = 0.7,
+        window_size: int = 2,
+        shift_interval: int = 25,
+        window_strategy: WindowStrategy = "progressive",
+        window_stride: int | None = 1,
+        roll_back: bool = True,
+        window_limit: int | None = None,
+        decay_rate: float = 0.1,
+        decay_offset: int = 13,
+        window_seed: int = 0,
+        init_same_noise: bool = True,
+        dpm_after_window: bool = False,
+        compress_ratio: float = 0.4,
+        shift: float = 3.0,
+        logprob_reduction: LogProbReduction = "mean",
+        chunk_size: int = 16,
+    ) -> None:
+        self.num_steps = int(num_steps)
+        self.noise_level = float(noise_level)
+        self.init_same_noise = bool(init_same_noise)
+        self.dpm_after_window = bool(dpm_after_window)
+        self.compress_ratio = float(compress_ratio)
+        self.shift = float(shift)
+        self.logprob_reduction: LogProbReduction = logprob_reduction
+        self.chunk_size = int(chunk_size)
+        self.scheduler = WindowScheduler(
+            num_steps=self.num_steps,
+            window_size=window_size,
+            shift_interval=shift_interval,
+            strategy=window_strategy,
+            stride=window_stride,
+            roll_back=roll_back,
+            limit=window_limit,
+            decay_rate=decay_rate,
+            decay_offset=decay_offset,
+            seed=window_seed,
+        )
+        self._kernels: list[StepKernel | None] = [
+            make_kernel("flow-sde", noise_level=self.noise_level),
+            make_kernel("ode"),
+            None,  # DPM-Solver++ (2M): deterministic and multistep, run by the chain core
+        ]
+
+    def validate(self, recipe: Any) -> list[str]:
+        """Check the window fits the schedule, the noise level, Flash's compression and the chunk size."""
+        problems = [f"sampler.init_args.{p}" for p in self.scheduler.problems()]
+        if self.num_steps < 3:
+            problems.append(
+                f"sampler.init_args.num_steps: must be >= 3 (windows end before T - 2), got {self.num_steps}"
+            )
+        if not self.noise_level > 0:
+            problems.append(f"sampler.init_args.noise_level: must be > 0, got {self.noise_level}")
+        if self.dpm_after_window and not 0.0 < self.compress_ratio <= 1.0:
+            problems.append(f"sampler.init_args.compress_ratio: must be in (0, 1], got {self.compress_ratio}")
+        if not self.shift > 0:
+            problems.append(f"sampler.init_args.shift: must be > 0, got {self.shift}")
+        if self.chunk_size < 1:
+            problems.append(f"sampler.init_args.chunk_size: must be >= 1, got {self.chunk_size}")
+        return problems
+
+    # ---------------------------------------------------------------------------------------------- planning
+    def schedule(self, sigmas: Tensor, window: tuple[int, int]) -> tuple[Tensor, list[int]]:
+        """Noise levels and kernel per step for a window: ODE, SDE in ``[start, end)``, then ODE or DPM-Solver++."""
+        start, end = window
+        sigmas = sigmas.detach().float().cpu()
+        kinds = [_ODE] * start + [_SDE] * (end - start)
+        if self.dpm_after_window:
+            tail = compressed_tail(float(sigmas[end]), self.num_steps - end, self.compress_ratio, self.shift)
+            return torch.cat([sigmas[: end + 1], tail[1:]]), kinds + [_DPM] * (tail.shape[0] - 1)
+        return sigmas, kinds + [_ODE] * (self.num_steps - end)
+
+    def steps_for(self, window: tuple[int, int]) -> int:
+        """Denoiser steps per chain for ``window`` (``T``, or fewer with Flash's compressed tail)."""
+        if not self.dpm_after_window:
+            return self.num_steps
+        end = window[1]
+        return end + max(1, math.floor((self.num_steps - end) * self.compress_ratio))
+
+    # --------------------------------------------------------------------------------------------- sampling
+    def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
+        """Sample every chain with the current window, then advance the window scheduler by one iteration."""
+        s = batch.num_groups * batch.samples_per_group
+        window = self.scheduler.window()
+        sigmas, kinds = self.schedule(policy.sigmas(self.num_steps), window)
+        trainable = torch.zeros((s, len(kinds)), dtype=torch.bool)
+        trainable[:, window[0] : window[1]] = True
+        plan = ChainPlan(sigmas, ["flow-sde", "ode", DPM_SOLVER], self._kernels, kinds, trainable)
+        noise = shared_or_independent_noise(
+            policy, batch.num_groups, batch.samples_per_group, generator, self.init_same_noise
+        )
+        rollout = run_chains(policy, batch, generator, plan, noise, self.chunk_size, self.logprob_reduction)
+        rollout.stats["sampler/window_start"] = float(window[0])
+        self.scheduler.advance()
+        return rollout
+
+    def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
+        """Recompute the log-probs of window ``edges`` with Flow-GRPO's SDE (one forward per parent)."""
+        return evaluate_chain_edges(policy, rollout, edges, self._kernels, self.logprob_reduction)
+
+    def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
+        """For the window the next rollout uses: ``S·w`` trained edges and ``S·steps_for(window)`` rollout forwards."""
+        s = num_groups * samples_per_group
+        window = self.scheduler.window()
+        edges = s * (window[1] - window[0])
+        return StepCounts(images=s, trainable_edges=edges, rollout_forwards=s * self.steps_for(window),
+                          train_forwards=edges)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The window scheduler's position (resume continues the window sequence)."""
+        return {"window": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the window scheduler."""
+        if "window" in state:
+            self.scheduler.load_state_dict(state["window"])

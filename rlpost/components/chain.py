@@ -1,0 +1,243 @@
+"""The chain sampler core shared by DanceGRPO, MixGRPO and DDPO, and the chain topology helper.
+
+All three algorithms draw ``samples_per_group`` independent denoising chains per prompt group; they differ only in a
+*per-step plan*: which step kernel runs at each schedule index (SDE, ODE, DPM-Solver++), which edges may be trained
+(every step, a per-sample random subset, a sliding window) and whether a group shares its initial noise. This module
+runs such a plan batched over every chain of the batch (algorithms.md 4.3, 5.4, 6.2) and records one node per chain
+per noise level and one edge per transition with :class:`~rlpost.sampling.RolloutBuilder`.
+
+A chain rollout is a forest in which every node has at most one child, so advantage estimators recover "which sample
+does this edge lead to" from the edge table alone (:func:`edge_sample_ids`), without a sampler-private side table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlpost.api import EdgeEval, Policy
+from rlpost.contract import PromptBatch, Rollout
+from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, dpm_solver_pp2_step
+from rlpost.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
+
+__all__ = [
+    "DPM_SOLVER",
+    "ChainPlan",
+    "broadcast_to_edges",
+    "edge_sample_ids",
+    "evaluate_chain_edges",
+    "node_sample_ids",
+    "random_step_subset",
+    "run_chains",
+    "shared_or_independent_noise",
+]
+
+DPM_SOLVER = "dpm-solver++2"
+"""Kernel name recorded for deterministic multistep DPM-Solver++ (2M) edges (MixGRPO-Flash's compressed tail)."""
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """What to do at each of the ``T`` steps of every chain.
+
+    Attributes:
+        sigmas: ``[T + 1]`` noise levels from 1 to 0 (may hold a compressed tail, see MixGRPO-Flash).
+        kernel_names: Names of the kernels referenced by ``step_kernel`` (recorded as ``Rollout.kernels``).
+        kernels: Kernel objects aligned with ``kernel_names``; ``None`` for the DPM-Solver++ entry.
+        step_kernel: ``T`` indices into ``kernels``, one per step.
+        trainable: ``[S, T]`` bool, which edge of which chain the update rule may train. Only stochastic steps may be
+            trainable (a deterministic edge has no density).
+    """
+
+    sigmas: Tensor
+    kernel_names: list[str]
+    kernels: list[StepKernel | None]
+    step_kernel: list[int]
+    trainable: Tensor
+
+    def __post_init__(self) -> None:
+        t = len(self.step_kernel)
+        if self.sigmas.shape != (t + 1,):
+            raise ValueError(f"ChainPlan: {t} steps need {t + 1} sigmas, got {tuple(self.sigmas.shape)}")
+        if self.trainable.ndim != 2 or self.trainable.shape[1] != t:
+            raise ValueError(f"ChainPlan: trainable must be [S, {t}], got {tuple(self.trainable.shape)}")
+        if len(self.kernels) != len(self.kernel_names):
+            raise ValueError("ChainPlan: kernels and kernel_names differ in length")
+        for i, k in enumerate(self.step_kernel):
+            kernel = self.kernels[k]
+            if bool(self.trainable[:, i].any()) and (kernel is None or not kernel.stochastic):
+                raise ValueError(
+                    f"ChainPlan: step {i} uses deterministic kernel {self.kernel_names[k]!r} but is trainable"
+                )
+
+    @property
+    def num_steps(self) -> int:
+        """Number of steps ``T``."""
+        return len(self.step_kernel)
+
+
+def shared_or_independent_noise(
+    policy: Policy, num_groups: int, samples_per_group: int, generator: torch.Generator, shared: bool
+) -> Tensor:
+    """Initial noise for ``G·K`` chains, group-major: one draw per group repeated ``K`` times when ``shared``
+    (DanceGRPO's ``--init_same_noise``, algorithms.md 4.3), else one draw per chain."""
+    if shared:
+        return policy.initial_noise(num_groups, generator).repeat_interleave(samples_per_group, dim=0)
+    return policy.initial_noise(num_groups * samples_per_group, generator)
+
+
+def random_step_subset(
+    num_samples: int, num_steps: int, eligible: int, num_train: int, generator: torch.Generator
+) -> Tensor:
+    """``[S, T]`` bool: each sample trains ``num_train`` of the first ``eligible`` steps, its own random choice.
+
+    Restates DDPO/DanceGRPO's per-sample timestep subset (algorithms.md 4.3 item 7, 7.2): every sample draws a
+    random permutation of its eligible steps and keeps the first ``num_train``. Drawn from ``generator``.
+    """
+    order = torch.rand((num_samples, eligible), generator=generator).argsort(dim=1)[:, :num_train]
+    trainable = torch.zeros((num_samples, num_steps), dtype=torch.bool)
+    return trainable.scatter_(1, order, True)
+
+
+def run_chains(
+    policy: Policy,
+    batch: PromptBatch,
+    generator: torch.Generator,
+    plan: ChainPlan,
+    noise: Tensor,
+    chunk_size: int,
+    reduction: LogProbReduction = "mean",
+) -> Rollout:
+    """Run ``S = G·K`` chains through ``plan``, batched across all chains (forwards chunked by ``chunk_size`` rows).
+
+    Chains are group-major: chain ``s`` belongs to group ``s // K``. SDE noise is drawn from ``generator`` on its own
+    device and moved to the policy device, so a CPU generator drives a CUDA rollout reproducibly.
+
+    Args:
+        policy: The policy (already set up).
+        batch: Prompt groups; ``batch.samples_per_group`` chains each.
+        generator: RNG for the step noise.
+        plan: Per-step kernels and trainable flags (``plan.trainable`` has ``S`` rows).
+        noise: ``[S, *latent_shape]`` initial states.
+        chunk_size: Maximum rows per denoiser forward and per VAE decode.
+        reduction: Log-prob reduction of stochastic kernels.
+
+    Returns:
+        The rollout; ``stats["perf/rollout_forwards"]`` counts denoiser rows (before CFG doubling).
+    """
+    g, k = batch.num_groups, batch.samples_per_group
+    s = g * k
+    if noise.shape[0] != s or plan.trainable.shape[0] != s:
+        raise ValueError(
+            f"run_chains: {s} chains but noise has {noise.shape[0]} rows and the plan {plan.trainable.shape[0]}"
+        )
+    device = policy.device
+    groups = torch.arange(g).repeat_interleave(k)
+    cond = policy.encode(batch.prompts)
+    sigmas = plan.sigmas.to(torch.float32)
+    builder = RolloutBuilder(batch, sigmas, plan.kernel_names)
+    x = noise.to(device, torch.float32)
+    node = builder.add_nodes(x, 0, groups)
+    forwards = 0
+    prev_sigma: Tensor | None = None
+    prev_x0: Tensor | None = None
+    for i in range(plan.num_steps):
+        sigma = sigmas[i].expand(s).to(device)
+        sigma_next = sigmas[i + 1].expand(s).to(device)
+        v = frontier_velocity(policy, x, sigma, cond, groups, chunk_size)
+        forwards += s
+        kernel_index = plan.step_kernel[i]
+        kernel = plan.kernels[kernel_index]
+        if kernel is None:
+            # Multistep DPM-Solver++ (2M): order 2 from the second step of the tail on (algorithms.md 6.4).
+            x_next, x0 = dpm_solver_pp2_step(x, v, sigma, sigma_next, prev_sigma, prev_x0)
+            prev_sigma, prev_x0 = sigma, x0
+            log_prob = torch.full((s,), math.nan)
+        else:
+            prev_sigma, prev_x0 = None, None
+            z = None
+            if kernel.stochastic:
+                z = torch.randn(x.shape, generator=generator, device=generator.device).to(device, torch.float32)
+            out = kernel.step(x, v, sigma, sigma_next, generator=None, reduction=reduction, noise=z)
+            x_next, log_prob = out.next_latents, out.log_prob
+        child = builder.add_nodes(x_next, i + 1, groups)
+        flags = plan.trainable[:, i]
+        for flag in (True, False):
+            rows = (flags == flag).nonzero().flatten()
+            if rows.numel():
+                builder.add_edges(node[rows], child[rows], log_prob[rows.to(log_prob.device)], flag, kernel_index)
+        x, node = x_next, child
+    images = torch.cat([policy.decode(x[j : j + chunk_size]) for j in range(0, s, chunk_size)])
+    return builder.build(node, images, stats={"perf/rollout_forwards": float(forwards)})
+
+
+def evaluate_chain_edges(
+    policy: Policy,
+    rollout: Rollout,
+    edges: Tensor,
+    kernels: Sequence[StepKernel | None],
+    reduction: LogProbReduction = "mean",
+) -> EdgeEval:
+    """:func:`rlpost.sampling.evaluate_edges` for a chain rollout whose kernels may include DPM-Solver++ edges.
+
+    Raises:
+        ValueError: When an edge was produced by a deterministic kernel (it has no log-prob to recompute).
+    """
+    used = torch.unique(rollout.edge_kernel[edges]).tolist()
+    for k in used:
+        kernel = kernels[k]
+        if kernel is None or not kernel.stochastic:
+            raise ValueError(f"cannot evaluate edges of deterministic kernel {rollout.kernels[k]!r}")
+    stand_in = EulerODE()  # never used: the check above rejects edges of deterministic kernels
+    resolved = [kernel if kernel is not None else stand_in for kernel in kernels]
+    return evaluate_edges(policy, rollout, edges, resolved, reduction)
+
+
+def node_sample_ids(rollout: Rollout) -> Tensor:
+    """``[N]`` index of the sample each node leads to (``-1`` for nodes that lead to no decoded sample).
+
+    Walks the edge table from every decoded node back to its root, all samples at once (one vectorised hop per
+    step). Requires chain topology: each node has at most one child.
+
+    Raises:
+        ValueError: When some node has several children (a tree: the sample of an inner node is ambiguous).
+    """
+    if rollout.is_branching():
+        raise ValueError("node_sample_ids: the rollout branches (a tree); per-sample advantages need chains")
+    parent = torch.full((rollout.num_nodes,), -1, dtype=torch.long)
+    parent[rollout.edge_child] = rollout.edge_parent
+    ids = torch.full((rollout.num_nodes,), -1, dtype=torch.long)
+    cur = rollout.sample_node.clone()
+    owner = torch.arange(rollout.num_samples)
+    while cur.numel():
+        ids[cur] = owner
+        up = parent[cur]
+        keep = up >= 0
+        cur, owner = up[keep], owner[keep]
+    return ids
+
+
+def edge_sample_ids(rollout: Rollout) -> Tensor:
+    """``[E]`` index of the sample each edge leads to (``-1`` when its child reaches no decoded sample)."""
+    return node_sample_ids(rollout)[rollout.edge_child]
+
+
+def broadcast_to_edges(rollout: Rollout, sample_values: Tensor) -> Tensor:
+    """Give every trainable edge the value of the sample its chain ends in; other edges get 0.
+
+    Args:
+        rollout: A chain rollout.
+        sample_values: ``[S]`` per-sample values (advantages).
+
+    Returns:
+        ``[E]`` fp32 per-edge values.
+    """
+    owner = edge_sample_ids(rollout)
+    values = torch.zeros(rollout.num_edges, dtype=torch.float32)
+    mask = rollout.trainable & (owner >= 0)
+    values[mask] = sample_values.float().cpu()[owner[mask]]
+    return values

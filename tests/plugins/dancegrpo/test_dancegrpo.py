@@ -1,0 +1,58 @@
+"""DanceGRPO sampler: plan, shared noise, counts vs forward_count, ratio 1, and a 2-iteration CLI run."""
+
+from __future__ import annotations
+
+import torch
+
+from rlpost.models import LoraSpec
+from rlpost_dancegrpo.sampler import DanceGRPOSampler
+from tests.unit.components.chain_helpers import (
+    check_end_to_end,
+    check_rollout_contract,
+    perturb_lora,
+    train_two_iterations,
+)
+
+
+def test_plan_trains_a_random_subset_per_sample() -> None:
+    sampler = DanceGRPOSampler(num_steps=10, timestep_fraction=0.6)
+    assert sampler.eligible_steps == 9 and sampler.train_steps == 5  # last step is the ODE step to x̂0
+    plan = sampler.plan(torch.linspace(1, 0, 11), 64, torch.Generator().manual_seed(0))
+    assert plan.step_kernel == [0] * 9 + [1]
+    assert torch.equal(plan.trainable.sum(1), torch.full((64,), 5))
+    assert not plan.trainable[:, -1].any()
+    assert len({tuple(row.tolist()) for row in plan.trainable}) > 1  # subsets differ between samples
+    sde = DanceGRPOSampler(num_steps=10, timestep_fraction=0.6, final_step="sde")
+    assert sde.train_steps == 6 and sde.plan(torch.linspace(1, 0, 11), 4, torch.Generator()).step_kernel == [0] * 10
+    assert DanceGRPOSampler(num_steps=10, timestep_fraction=0.6, final_step="sde", ignore_last=True).train_steps == 5
+
+
+def test_validate_names_fields() -> None:
+    problems = DanceGRPOSampler(timestep_fraction=1.5, eta=0.0, chunk_size=0).validate(None)
+    text = "\n".join(problems)
+    for field in ("timestep_fraction", "eta", "chunk_size"):
+        assert f"sampler.init_args.{field}" in text
+    assert "timestep_fraction" in "".join(DanceGRPOSampler(num_steps=2, timestep_fraction=0.5).validate(None))
+    assert DanceGRPOSampler().validate(None) == []
+
+
+def test_rollout_counts_ratio_and_shared_noise(make_sd3_policy) -> None:
+    policy = make_sd3_policy(lora=LoraSpec(rank=4, alpha=8), guidance_scale=2.0)
+    perturb_lora(policy)
+    sampler = DanceGRPOSampler(num_steps=4, timestep_fraction=0.67, chunk_size=5)
+    rollout = check_rollout_contract(sampler, policy, groups=2, per_group=3)
+    roots = rollout.states[rollout.node_step == 0]
+    assert torch.equal(roots[0], roots[2]) and not torch.equal(roots[0], roots[3])  # init_same_noise per group
+    assert rollout.kernels == ["dance-sde", "ode"]
+    assert torch.isnan(rollout.old_log_probs[rollout.edge_kernel == 1]).all()
+    final = rollout.states[rollout.sample_node]
+    assert not torch.equal(final[0], final[1])  # SDE noise makes the chains of a group differ
+    sde = DanceGRPOSampler(num_steps=3, timestep_fraction=1.0, final_step="sde", init_same_noise=False)
+    check_rollout_contract(sde, policy, groups=1, per_group=2, seed=3)
+
+
+def test_two_iterations_end_to_end(tiny_sd3_dir, tmp_path) -> None:
+    lines, probe = train_two_iterations("recipes/tiny/dancegrpo.yaml", tiny_sd3_dir, tmp_path / "run")
+    check_end_to_end(lines, probe)
+    assert lines[0]["perf/rollout_forwards"] == 2 * 4 * 4
+    assert lines[0]["train/edges"] == 2 * 4 * 2
