@@ -1,7 +1,11 @@
 """The ``rlpost`` command line.
 
     rlpost train    --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...] [--print_config]
+                    [--resume latest|RUN_DIR|CHECKPOINT_DIR]
     rlpost validate --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...]
+    rlpost sample   --run DIR [--checkpoint latest|PATH] (--prompt "..." ... | --prompts-file F) --out DIR
+                    [--num-steps N] [--seed S] [--batch-size B] [--device D]
+    rlpost export   --run DIR --out DIR [--checkpoint latest|PATH]
     rlpost plugins list [--json] [--all]
 
 Recipes are merged in order (later files overlay earlier ones), then ``--a.b value`` overrides apply (values are
@@ -15,11 +19,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import yaml
 from rich.console import Console
 from rich.table import Table
 
+from rlpost.checkpoint import CheckpointError
+from rlpost.guards import NonFiniteError
 from rlpost.plugins import PluginHost, get_host
 from rlpost.recipe import Recipe, RecipeError, build_parser, merge_sources, validate
 
@@ -54,6 +61,8 @@ def _split_args(args: Sequence[str]) -> tuple[list[str], list[tuple[str, str]], 
         i += 1
         if key in ("recipe", "config"):
             recipes.append(value)
+        elif key == "resume":
+            flags.add(f"resume={value}")
         else:
             overrides.append((key, value))
     return recipes, overrides, flags
@@ -104,13 +113,55 @@ def cmd_train(args: Sequence[str]) -> int:
         return 0
     console = Console(stderr=True)
     _print_derived(recipe, console)
-    runner = Runner(recipe, host)
+    resume = next((f.split("=", 1)[1] for f in flags if f.startswith("resume=")), None)
+    runner = Runner(recipe, host, resume=resume)
     if recipe.run.progress and runner.ctx.is_main_process:
         host.register_plugin(RichProgress(console), name="rlpost.progress")
     try:
         runner.run()
     finally:
         host.unregister_plugin("rlpost.progress")
+    return 0
+
+
+def cmd_sample(argv: Sequence[str]) -> int:
+    """Generate PNGs from a run's checkpoint with the deterministic ODE sampler."""
+    from rlpost.export import sample_run
+
+    parser = argparse.ArgumentParser(prog="rlpost sample", description=cmd_sample.__doc__)
+    parser.add_argument("--run", required=True, help="the run directory")
+    parser.add_argument("--checkpoint", default="latest", help="latest (default) or a checkpoint directory")
+    parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    parser.add_argument("--prompts-file", help="a text file with one prompt per line")
+    parser.add_argument("--out", required=True, help="output directory for the PNGs")
+    parser.add_argument("--num-steps", type=int, default=None, help="ODE steps (default: the recipe's eval NFE)")
+    parser.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--device", default=None, help="default: the recipe's run.device")
+    ns = parser.parse_args(argv)
+    prompts = list(ns.prompt)
+    if ns.prompts_file:
+        prompts += [ln.strip() for ln in Path(ns.prompts_file).read_text().splitlines() if ln.strip()]
+    if not prompts:
+        raise UsageError("give --prompt TEXT (repeatable) or --prompts-file FILE")
+    paths = sample_run(
+        Path(ns.run), get_host(), prompts, Path(ns.out), ns.checkpoint, ns.num_steps, ns.seed, ns.batch_size, ns.device
+    )
+    print(f"wrote {len(paths)} image(s) to {ns.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_export(argv: Sequence[str]) -> int:
+    """Write a run's diffusers-loadable weights (LoRA or transformer/) with a model card."""
+    from rlpost.export import export_run
+
+    parser = argparse.ArgumentParser(prog="rlpost export", description=cmd_export.__doc__)
+    parser.add_argument("--run", required=True, help="the run directory")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--checkpoint", default="latest", help="latest (default) or a checkpoint directory")
+    ns = parser.parse_args(argv)
+    out = export_run(Path(ns.run), Path(ns.out), ns.checkpoint)
+    print(f"exported to {out}", file=sys.stderr)
     return 0
 
 
@@ -138,7 +189,13 @@ def cmd_plugins(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "validate": cmd_validate, "plugins": cmd_plugins}
+COMMANDS = {
+    "train": cmd_train,
+    "validate": cmd_validate,
+    "sample": cmd_sample,
+    "export": cmd_export,
+    "plugins": cmd_plugins,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,9 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecipeError as exc:
         print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
         return 2
-    except (UsageError, FileExistsError) as exc:
+    except (UsageError, FileExistsError, CheckpointError) as exc:
         print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
         return 2
+    except NonFiniteError as exc:
+        print(f"rlpost {args[0]}: stopped by a non-finite guard: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ A recipe has these top-level keys::
     advantage:       an AdvantageEstimator
     optimizer:       a PolicyOptimizer (the policy-update rule, e.g. class_path: clipped-surrogate)
     torch_optimizer: a torch optimizer factory (class_path: torch.optim.AdamW, init_args: {lr: ...})
+    lr_scheduler:    optional LR scheduler factory
+    checkpoint:      {every, keep_last, at_end}                       (rlpost.checkpoint.CheckpointConfig)
+    eval:            {prompts, rewards, num_steps, every, seed, ...}  (rlpost.evaluation; optional)
+    logging:         {tensorboard, wandb, wandb_project, grid_every}  (rlpost.logging_.LoggingConfig)
+    guards:          {on_nonfinite: stop|skip, max_skipped_steps}     (rlpost.guards.GuardConfig)
+    ema:             {decay, update_every}                            (rlpost.ema.EMAConfig; optional)
 
 Components are chosen by their registered short name (``tree``), their class name, or a dotted ``class_path``,
 with arguments in ``init_args`` (``{class_path: tree, k: 3}`` is accepted as shorthand). Swapping one component is
@@ -41,6 +47,11 @@ from rlpost.api import (
     Sampler,
     StepCounts,
 )
+from rlpost.checkpoint import CheckpointConfig
+from rlpost.ema import EMAConfig
+from rlpost.evaluation import EvalSettings, EvalSpec
+from rlpost.guards import GuardConfig
+from rlpost.logging_ import LoggingConfig, missing_tracker_packages
 from rlpost.plugins import PluginHost
 from rlpost.registry import suggest
 
@@ -52,6 +63,7 @@ __all__ = [
     "build_parser",
     "load_recipe",
     "merge_sources",
+    "state_breaking_changes",
     "validate",
 ]
 
@@ -98,8 +110,19 @@ COMPONENT_KEYS: dict[str, tuple[type[Component], str]] = {
 }
 LIST_KEYS: dict[str, tuple[type[Component], str]] = {"rewards": (RewardSource, "reward")}
 OTHER_KEYS = ("run", "reward_weights", "torch_optimizer", "lr_scheduler")
+# Plain-dataclass sections (type-checked by jsonargparse like ``run``); absent = the dataclass defaults.
+SETTINGS_KEYS: dict[str, type[Any]] = {
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+    "guards": GuardConfig,
+}
+OPTIONAL_KEYS = ("eval", "ema")
 REQUIRED_KEYS = ("model", "prompts", "sampler", "rewards", "advantage", "optimizer", "torch_optimizer")
-ALL_KEYS = (*COMPONENT_KEYS, *LIST_KEYS, *OTHER_KEYS)
+ALL_KEYS = (*COMPONENT_KEYS, *LIST_KEYS, *OTHER_KEYS, *SETTINGS_KEYS, *OPTIONAL_KEYS)
+# Changing one of these between a checkpoint and a resume breaks the saved state (weights, optimizer or sampler
+# state no longer fit): the resume is refused. ``model`` is compared whole, the others by class_path.
+STATE_BREAKING_KEYS = ("model",)
+STATE_BREAKING_CLASSES = ("sampler", "advantage", "optimizer", "torch_optimizer", "lr_scheduler")
 
 
 class RecipeError(Exception):
@@ -126,6 +149,11 @@ class Recipe:
         torch_optimizer: Factory building the torch optimizer from the trainable parameters.
         lr_scheduler: Optional factory building an LR scheduler from the torch optimizer.
         config: The resolved recipe as plain data (what is written to the run directory).
+        checkpoint: Checkpoint interval and rotation.
+        logging: Optional trackers and sample grids.
+        guards: Non-finite policy.
+        eval: Held-out evaluation, or ``None``.
+        ema: EMA of the trainable weights, or ``None``.
     """
 
     run: RunConfig
@@ -139,6 +167,11 @@ class Recipe:
     torch_optimizer: OptimizerFactory
     lr_scheduler: SchedulerFactory | None
     config: dict[str, Any] = field(default_factory=dict)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    guards: GuardConfig = field(default_factory=GuardConfig)
+    eval: EvalSpec | None = None
+    ema: EMAConfig | None = None
 
     def counts(self) -> StepCounts:
         """Closed-form per-step counts from the sampler for this recipe's batch shape."""
@@ -273,6 +306,15 @@ def _check_with_parser(key: str, typ: Any, value: Any, problems: list[str]) -> A
         return None
 
 
+def _check_named(key: str, field_name: str, typ: Any, value: Any, problems: list[str]) -> Any:
+    """:func:`_check_with_parser` under a plain key, reporting problems under the dotted ``field_name``."""
+    before = len(problems)
+    out = _check_with_parser(key, typ, value, problems)
+    for i in range(before, len(problems)):
+        problems[i] = problems[i].replace(f"{key}:", f"{field_name}:", 1)
+    return out
+
+
 def _clean(message: str, key: str) -> str:
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     text = " ".join(lines)
@@ -297,6 +339,8 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
     run_value = cfg.get("run", {})
     built["run"] = _check_with_parser("run", RunConfig, run_value, problems)
     resolved["run"] = dataclasses.asdict(built["run"]) if built["run"] is not None else run_value
+    # Run-range problems are reported with every other problem; component checks below need a sane run section.
+    run_problems = _run_checks(built["run"]) if built["run"] is not None else []
     for key, (base, kind) in COMPONENT_KEYS.items():
         if key not in cfg:
             continue
@@ -328,12 +372,26 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
     if cfg.get("lr_scheduler") is not None:
         resolved["lr_scheduler"] = cfg["lr_scheduler"]
         built["lr_scheduler"] = _check_with_parser("lr_scheduler", SchedulerFactory, cfg["lr_scheduler"], problems)
+    for key, typ in SETTINGS_KEYS.items():
+        built[key] = _check_with_parser(key, typ, cfg.get(key) or {}, problems)
+        resolved[key] = dataclasses.asdict(built[key]) if built[key] is not None else cfg.get(key)
+    built["ema"] = None
+    if cfg.get("ema") is not None:
+        built["ema"] = _check_with_parser("ema", EMAConfig, cfg["ema"], problems)
+        resolved["ema"] = dataclasses.asdict(built["ema"]) if built["ema"] is not None else cfg["ema"]
+    run_problems.extend(_settings_checks(built))
+    built["eval"] = None
+    if cfg.get("eval") is not None:
+        built["eval"], resolved["eval"] = _validate_eval(
+            cfg["eval"], resolved.get("rewards", []), built, host, problems
+        )
     weights = cfg.get("reward_weights", {}) or {}
     if not isinstance(weights, dict) or not all(isinstance(v, (int, float)) for v in weights.values()):
         problems.append(f"reward_weights: expected a mapping of reward name to number, got {weights!r}")
         weights = {}
     if problems:
-        raise RecipeError(problems)
+        raise RecipeError(problems + run_problems)
+    problems.extend(run_problems)
     reward_names = [r.name for r in built["rewards"]]
     problems.extend(_check_rewards(reward_names, weights))
     full_weights = {name: float(weights.get(name, 1.0)) for name in reward_names}
@@ -350,11 +408,77 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
         torch_optimizer=built["torch_optimizer"],
         lr_scheduler=built["lr_scheduler"],
         config=resolved,
+        checkpoint=built["checkpoint"],
+        logging=built["logging"],
+        guards=built["guards"],
+        eval=built["eval"],
+        ema=built["ema"],
     )
-    problems.extend(_cross_checks(recipe))
+    problems.extend(_cross_checks(recipe, sane_run=not run_problems))
     if problems:
         raise RecipeError(problems)
     return recipe
+
+
+def _validate_eval(
+    value: Any, train_rewards: list[Any], built: dict[str, Any], host: PluginHost, problems: list[str]
+) -> tuple[EvalSpec | None, Any]:
+    """Validate the ``eval`` section: a prompt source, reward sources (default: the training rewards), settings."""
+    if not isinstance(value, dict):
+        problems.append(
+            f"eval: expected a mapping (prompts, rewards, num_steps, every, seed, batch_size), got {value!r}"
+        )
+        return None, value
+    known = ("prompts", "rewards", *(f.name for f in dataclasses.fields(EvalSettings)))
+    for key in value:
+        if key not in known:
+            problems.append(f"eval.{key}: unknown key{suggest(key, list(known))}")
+    start = len(problems)
+    settings_raw = {k: v for k, v in value.items() if k not in ("prompts", "rewards") and k in known}
+    settings = _check_with_parser("eval", EvalSettings, settings_raw, problems)
+    resolved: dict[str, Any] = {}
+    prompts = None
+    if "prompts" not in value:
+        problems.append("eval.prompts: missing (a prompt source with the held-out prompts)")
+    else:
+        pv = _resolve_component(value["prompts"], "eval.prompts", "prompts", host, problems)
+        if pv is not None:
+            resolved["prompts"] = pv
+            prompts = _check_named("prompts", "eval.prompts", PromptSource, pv, problems)
+    rewards_raw = value.get("rewards", train_rewards)
+    if not isinstance(rewards_raw, list) or not rewards_raw:
+        problems.append("eval.rewards: expected a non-empty list of reward sources")
+        rewards_raw = []
+    rewards: list[RewardSource] = []
+    resolved["rewards"] = []
+    for i, item in enumerate(rewards_raw):
+        rv = _resolve_component(item, f"eval.rewards[{i}]", "reward", host, problems)
+        if rv is None:
+            continue
+        resolved["rewards"].append(rv)
+        # The same configuration as a training reward shares its instance (its weights load once).
+        shared = [r for r, c in zip(built.get("rewards", []), train_rewards, strict=False) if c == rv]
+        if shared:
+            rewards.append(shared[0])
+            continue
+        got = _check_named("rewards", f"eval.rewards[{i}]", list[RewardSource], [rv], problems)
+        if got is not None:
+            rewards.extend(got)
+    names = [r.name for r in rewards]
+    if len(set(names)) != len(names):
+        problems.append(
+            f"eval.rewards: reward source(s) {sorted({n for n in names if names.count(n) > 1})} listed twice"
+        )
+    if settings is not None:
+        resolved.update(dataclasses.asdict(settings))
+        for name in ("num_steps", "batch_size"):
+            if getattr(settings, name) < 1:
+                problems.append(f"eval.{name}: must be >= 1, got {getattr(settings, name)}")
+        if settings.every < 0:
+            problems.append(f"eval.every: must be >= 0, got {settings.every}")
+    if len(problems) > start or prompts is None or settings is None:
+        return None, resolved
+    return EvalSpec(prompts=prompts, rewards=rewards, settings=settings), resolved
 
 
 def _check_rewards(names: list[str], weights: dict[str, Any]) -> list[str]:
@@ -372,21 +496,15 @@ def _check_rewards(names: list[str], weights: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _cross_checks(recipe: Recipe) -> list[str]:
+def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
     problems: list[str] = []
-    run = recipe.run
-    for name in ("max_steps", "groups_per_step", "samples_per_group", "log_every"):
-        if getattr(run, name) < 1:
-            problems.append(f"run.{name}: must be >= 1, got {getattr(run, name)}")
-    if run.max_grad_norm is not None and run.max_grad_norm <= 0:
-        problems.append(f"run.max_grad_norm: must be positive or null, got {run.max_grad_norm}")
     missing = recipe.advantage.requires - recipe.sampler.provides
     if missing:
         problems.append(
             f"advantage: {recipe.advantage.name!r} requires {sorted(missing)} from the sampler, but sampler "
             f"{recipe.sampler.name!r} provides {sorted(recipe.sampler.provides) or 'nothing'}"
         )
-    if problems:
+    if problems or not sane_run:
         return problems  # the component checks below assume a sane run section
     components: list[Component] = [
         recipe.model,
@@ -399,6 +517,53 @@ def _cross_checks(recipe: Recipe) -> list[str]:
     for component in components:
         for problem in component.validate(recipe):
             problems.append(problem)
+    return problems
+
+
+def _run_checks(run: RunConfig) -> list[str]:
+    """Range checks of the ``run`` section (reported together with every other problem)."""
+    problems = []
+    for name in ("max_steps", "groups_per_step", "samples_per_group", "log_every"):
+        if getattr(run, name) < 1:
+            problems.append(f"run.{name}: must be >= 1, got {getattr(run, name)}")
+    if run.max_grad_norm is not None and run.max_grad_norm <= 0:
+        problems.append(f"run.max_grad_norm: must be positive or null, got {run.max_grad_norm}")
+    return problems
+
+
+def _settings_checks(built: dict[str, Any]) -> list[str]:
+    """Range checks of the checkpoint/logging/guards/ema sections that type-checked (``built[key]`` not None)."""
+    problems: list[str] = []
+    for section, names in (
+        ("checkpoint", ("every", "keep_last")),
+        ("logging", ("grid_every",)),
+        ("guards", ("max_skipped_steps",)),
+    ):
+        obj = built.get(section)
+        for name in names if obj is not None else ():
+            if getattr(obj, name) < 0:
+                problems.append(f"{section}.{name}: must be >= 0, got {getattr(obj, name)}")
+    if built.get("logging") is not None:
+        problems.extend(missing_tracker_packages(built["logging"]))
+    ema = built.get("ema")
+    if ema is not None:
+        if not 0.0 <= ema.decay < 1.0:
+            problems.append(f"ema.decay: must be in [0, 1), got {ema.decay}")
+        if ema.update_every < 1:
+            problems.append(f"ema.update_every: must be >= 1, got {ema.update_every}")
+    return problems
+
+
+def state_breaking_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Differences between two resolved recipes that make a checkpoint of ``old`` unusable under ``new``."""
+    problems = []
+    for key in STATE_BREAKING_KEYS:
+        if old.get(key) != new.get(key):
+            problems.append(f"{key}: changed from {old.get(key)!r} to {new.get(key)!r}")
+    for key in STATE_BREAKING_CLASSES:
+        a, b = old.get(key) or {}, new.get(key) or {}
+        if a.get("class_path") != b.get("class_path"):
+            problems.append(f"{key}.class_path: changed from {a.get('class_path')!r} to {b.get('class_path')!r}")
     return problems
 
 

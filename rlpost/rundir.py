@@ -1,7 +1,16 @@
 """The run directory: resolved recipe, versions, metrics JSONL and end-of-run summary.
 
 The resolved recipe and the version manifest are written once, when the run starts, and never overwritten: starting
-a new run in a directory that already holds a recipe is an error (resuming is the only way back into it).
+a new run in a directory that already holds a recipe is an error (resuming is the only way back into it). A resume
+(:meth:`RunDirectory.reopen`) checks the stored recipe instead, drops metric lines logged after the checkpoint it
+continues from (they will be logged again), and records itself in ``resumes.jsonl``.
+
+Layout::
+
+    recipe.yaml  versions.json  metrics.jsonl  summary.json  resumes.jsonl
+    eval.jsonl  eval.md  eval/step_N.png  eval/step_N/0000.png     (held-out evaluation)
+    grids/step_N.png                                               (training samples, logging.grid_every)
+    checkpoints/step_N/                                            (rlpost.checkpoint)
 """
 
 from __future__ import annotations
@@ -89,6 +98,37 @@ class RunDirectory:
             ],
         }
         (self.path / self.VERSIONS).write_text(json.dumps(versions, indent=2))
+
+    def stored_recipe(self) -> dict[str, Any]:
+        """The resolved recipe written when the run started.
+
+        Raises:
+            FileNotFoundError: The directory holds no run.
+        """
+        recipe_file = self.path / self.RECIPE
+        if not recipe_file.is_file():
+            raise FileNotFoundError(f"{recipe_file} not found: {self.path} is not a run directory")
+        data = yaml.safe_load(recipe_file.read_text())
+        return data if isinstance(data, dict) else {}
+
+    def reopen(self, step: int, checkpoint: str, changed: list[str]) -> list[dict[str, float]]:
+        """Continue this run after ``step`` completed steps: truncate ``metrics.jsonl``/``eval.jsonl`` to steps
+        ``<= step`` (a crashed run may have logged further), note the resume, and return the kept metric history."""
+        history: list[dict[str, float]] = []
+        for name in (self.METRICS, "eval.jsonl"):
+            path = self.path / name
+            if not path.is_file():
+                continue
+            kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+            path.write_text("".join(ln + "\n" for ln in kept))
+            if name == self.METRICS:
+                for line in kept:
+                    record = json.loads(line)
+                    record.pop("step", None)
+                    history.append({k: (math.nan if v is None else float(v)) for k, v in record.items()})
+        with (self.path / "resumes.jsonl").open("a") as fh:
+            fh.write(json.dumps({"step": step, "checkpoint": checkpoint, "changed": changed}) + "\n")
+        return history
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """Append one JSON line ``{"step": step, **metrics}`` to ``metrics.jsonl``."""

@@ -1,0 +1,70 @@
+"""Sample grids: images with their prompt and reward as captions (PIL only)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw, ImageFont
+from torch import Tensor
+
+__all__ = ["save_grid", "save_images"]
+
+_MIN_CELL = 128  # tiny test images (32 px) are upscaled so captions stay readable
+_CAPTION_LINES = 3
+_LINE_H = 12
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    chars = max(8, width // 6)
+    lines = [text[i : i + chars] for i in range(0, len(text), chars)] or [""]
+    if len(lines) > _CAPTION_LINES:
+        lines = [*lines[: _CAPTION_LINES - 1], lines[_CAPTION_LINES - 1][: chars - 1] + "…"]
+    return lines
+
+
+def save_grid(images: Tensor, captions: Sequence[str], path: Path, ncols: int | None = None) -> Path:
+    """Write ``[B, H, W, 3]`` uint8 ``images`` as one captioned PNG grid.
+
+    Args:
+        images: The images (any device).
+        captions: One caption per image (e.g. ``"a red cube | r=0.71"``); long ones are wrapped and cut.
+        path: Output PNG path (parents are created).
+        ncols: Columns; default ``ceil(sqrt(B))``.
+    """
+    imgs = images.detach().to("cpu", torch.uint8)
+    n = int(imgs.shape[0])
+    if n == 0:
+        raise ValueError("save_grid: no images")
+    cols = ncols or math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
+    h, w = int(imgs.shape[1]), int(imgs.shape[2])
+    scale = max(1, math.ceil(_MIN_CELL / max(h, w)))
+    cw, ch = w * scale, h * scale
+    cap_h = _CAPTION_LINES * _LINE_H + 4
+    grid = Image.new("RGB", (cols * cw, rows * (ch + cap_h)), "white")
+    draw = ImageDraw.Draw(grid)
+    font = ImageFont.load_default()
+    for i in range(n):
+        r, c = divmod(i, cols)
+        x, y = c * cw, r * (ch + cap_h)
+        tile = Image.fromarray(imgs[i].numpy()).resize((cw, ch), Image.Resampling.NEAREST)
+        grid.paste(tile, (x, y))
+        for j, line in enumerate(_wrap(captions[i] if i < len(captions) else "", cw)):
+            draw.text((x + 2, y + ch + 2 + j * _LINE_H), line, fill="black", font=font)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+    return path
+
+
+def save_images(images: Tensor, directory: Path, prefix: str = "") -> list[Path]:
+    """Write each ``[H, W, 3]`` uint8 image as ``<prefix><index:04d>.png`` (lossless, for exact comparisons)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, img in enumerate(images.detach().to("cpu", torch.uint8)):
+        p = directory / f"{prefix}{i:04d}.png"
+        Image.fromarray(img.numpy()).save(p)
+        paths.append(p)
+    return paths
