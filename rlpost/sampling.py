@@ -115,7 +115,7 @@ def evaluate_edges(
     policy: Policy,
     rollout: Rollout,
     edges: Tensor,
-    kernels: Sequence[StepKernel],
+    kernels: Sequence[StepKernel | None],
     reduction: LogProbReduction,
 ) -> EdgeEval:
     """Recompute the step Gaussian and log-prob of ``edges`` under the current policy, with gradients.
@@ -128,9 +128,17 @@ def evaluate_edges(
         policy: The policy (its trainable parameters receive gradients).
         rollout: The rollout holding the edges.
         edges: ``[B]`` edge indices.
-        kernels: Kernel objects aligned with ``rollout.kernels``.
+        kernels: Kernel objects aligned with ``rollout.kernels``; ``None`` for kernels whose edges are never
+            evaluated (e.g. MixGRPO-Flash's DPM-Solver++ tail).
         reduction: Log-prob reduction used at rollout.
+
+    Raises:
+        ValueError: When an edge was produced by a deterministic kernel (it has no log-prob to recompute).
     """
+    for k in torch.unique(rollout.edge_kernel[edges]).tolist():
+        kernel = kernels[k]
+        if kernel is None or not kernel.stochastic:
+            raise ValueError(f"cannot evaluate edges of deterministic kernel {rollout.kernels[k]!r}")
     parents, inverse = rollout.parents_of(edges)
     device = policy.device
     x = rollout.states[parents].to(device)
@@ -145,7 +153,7 @@ def evaluate_edges(
     std = torch.empty((v.shape[0],) + (1,) * (v.ndim - 1), dtype=torch.float32, device=device)
     for k in torch.unique(parent_kernel).tolist():
         sel = (parent_kernel == k).nonzero().flatten().to(device)
-        m, s = kernels[k].mean_std(x[sel], v[sel], sigma[sel], sigma_next[sel])
+        m, s = _stochastic(kernels[k]).mean_std(x[sel], v[sel], sigma[sel], sigma_next[sel])
         mean = mean.index_copy(0, sel, m)
         std = std.index_copy(0, sel, s.expand(sel.shape[0], *std.shape[1:]).to(torch.float32))
     child = rollout.states[rollout.edge_child[edges]].to(device)
@@ -154,6 +162,11 @@ def evaluate_edges(
     log_prob = torch.empty(edges.shape[0], dtype=torch.float64, device=device)
     for k in torch.unique(edge_kernel).tolist():
         sel = (edge_kernel == k).nonzero().flatten().to(device)
-        lp = kernels[k].log_prob(child[sel], mean[inv[sel]], std[inv[sel]], reduction)
+        lp = _stochastic(kernels[k]).log_prob(child[sel], mean[inv[sel]], std[inv[sel]], reduction)
         log_prob = log_prob.index_copy(0, sel, lp)
     return EdgeEval(log_prob=log_prob, mean=mean[inv], std=std[inv], forwards=int(parents.shape[0]))
+
+
+def _stochastic(kernel: StepKernel | None) -> StepKernel:
+    assert kernel is not None  # checked at the top of evaluate_edges
+    return kernel

@@ -22,13 +22,13 @@ from torch import Tensor
 from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
 from rlpost.components.chain import (
     ChainPlan,
-    evaluate_chain_edges,
     random_step_subset,
     run_chains,
     shared_or_independent_noise,
 )
 from rlpost.contract import PromptBatch, Rollout
 from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
+from rlpost.sampling import evaluate_edges
 
 __all__ = ["DDPOSampler"]
 
@@ -116,7 +116,7 @@ class DDPOSampler(Sampler):
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
         """Recompute the log-probs of ``edges`` with the rollout's kernel (one forward per parent)."""
-        return evaluate_chain_edges(policy, rollout, edges, self._kernels, self.logprob_reduction)
+        return evaluate_edges(policy, rollout, edges, self._kernels, self.logprob_reduction)
 
     def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
         """``S = G·K`` images, ``S·T`` rollout forwards, ``S·train_steps`` trained edges (= train forwards)."""

@@ -23,13 +23,13 @@ from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
 from rlpost.components.chain import (
     DPM_SOLVER,
     ChainPlan,
-    evaluate_chain_edges,
     run_chains,
     shared_or_independent_noise,
 )
 from rlpost.contract import PromptBatch, Rollout
 from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
 from rlpost.ops.schedules import time_shift
+from rlpost.sampling import evaluate_edges
 
 from .window import WindowScheduler, WindowStrategy
 
@@ -182,7 +182,7 @@ class MixGRPOSampler(Sampler):
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
         """Recompute the log-probs of window ``edges`` with Flow-GRPO's SDE (one forward per parent)."""
-        return evaluate_chain_edges(policy, rollout, edges, self._kernels, self.logprob_reduction)
+        return evaluate_edges(policy, rollout, edges, self._kernels, self.logprob_reduction)
 
     def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
         """For the window the next rollout uses: ``S·w`` trained edges and ``S·steps_for(window)`` rollout forwards."""

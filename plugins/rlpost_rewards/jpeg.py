@@ -46,6 +46,7 @@ class JpegCompressibility(RewardSource):
     """
 
     name: ClassVar[str] = "jpeg-compressibility"
+    sign: ClassVar[float] = -1.0  # the score is sign * size_kb
 
     def __init__(self, quality: int = 95) -> None:
         if not 1 <= quality <= 100:
@@ -53,12 +54,12 @@ class JpegCompressibility(RewardSource):
         self.quality = quality
 
     def score(self, images: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
-        """Return ``-size_kb`` per image."""
+        """Return ``sign * size_kb`` per image."""
         check_images(self.name, images)
-        return -jpeg_size_kb(images, self.quality)
+        return self.sign * jpeg_size_kb(images, self.quality)
 
 
-class JpegIncompressibility(RewardSource):
+class JpegIncompressibility(JpegCompressibility):
     """``+(JPEG size in kB)``: rewards detailed, hard-to-compress images (DDPO's incompressibility task).
 
     Args:
@@ -66,13 +67,4 @@ class JpegIncompressibility(RewardSource):
     """
 
     name: ClassVar[str] = "jpeg-incompressibility"
-
-    def __init__(self, quality: int = 95) -> None:
-        if not 1 <= quality <= 100:
-            raise ValueError(f"{self.name}: quality must be in [1, 100], got {quality}")
-        self.quality = quality
-
-    def score(self, images: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
-        """Return ``+size_kb`` per image."""
-        check_images(self.name, images)
-        return jpeg_size_kb(images, self.quality)
+    sign: ClassVar[float] = 1.0

@@ -13,23 +13,21 @@ does this edge lead to" from the edge table alone (:func:`edge_sample_ids`), wit
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from rlpost.api import EdgeEval, Policy
+from rlpost.api import Policy
 from rlpost.contract import PromptBatch, Rollout
-from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, dpm_solver_pp2_step
-from rlpost.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
+from rlpost.ops.kernels import LogProbReduction, StepKernel, dpm_solver_pp2_step
+from rlpost.sampling import RolloutBuilder, frontier_velocity
 
 __all__ = [
     "DPM_SOLVER",
     "ChainPlan",
     "broadcast_to_edges",
     "edge_sample_ids",
-    "evaluate_chain_edges",
     "node_sample_ids",
     "random_step_subset",
     "run_chains",
@@ -173,28 +171,6 @@ def run_chains(
         x, node = x_next, child
     images = torch.cat([policy.decode(x[j : j + chunk_size]) for j in range(0, s, chunk_size)])
     return builder.build(node, images, stats={"perf/rollout_forwards": float(forwards)})
-
-
-def evaluate_chain_edges(
-    policy: Policy,
-    rollout: Rollout,
-    edges: Tensor,
-    kernels: Sequence[StepKernel | None],
-    reduction: LogProbReduction = "mean",
-) -> EdgeEval:
-    """:func:`rlpost.sampling.evaluate_edges` for a chain rollout whose kernels may include DPM-Solver++ edges.
-
-    Raises:
-        ValueError: When an edge was produced by a deterministic kernel (it has no log-prob to recompute).
-    """
-    used = torch.unique(rollout.edge_kernel[edges]).tolist()
-    for k in used:
-        kernel = kernels[k]
-        if kernel is None or not kernel.stochastic:
-            raise ValueError(f"cannot evaluate edges of deterministic kernel {rollout.kernels[k]!r}")
-    stand_in = EulerODE()  # never used: the check above rejects edges of deterministic kernels
-    resolved = [kernel if kernel is not None else stand_in for kernel in kernels]
-    return evaluate_edges(policy, rollout, edges, resolved, reduction)
 
 
 def node_sample_ids(rollout: Rollout) -> Tensor:
