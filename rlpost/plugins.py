@@ -44,6 +44,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "rlpost.builtin",
     "rlpost.prompts",
     "rlpost.models.sd3",
+    "rlpost.digits",
 )
 
 # Registration hook name -> (registry key, base class). Order is the order of ``rlpost plugins list`` columns.
