@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,7 +113,8 @@ def cmd_train(args: Sequence[str]) -> int:
         sys.stdout.write(yaml.safe_dump(recipe.config, sort_keys=False))
         return 0
     console = Console(stderr=True)
-    _print_derived(recipe, console)
+    if os.environ.get("RANK", "0") == "0":  # only the main process prints under torchrun / deepspeed
+        _print_derived(recipe, console)
     resume = next((f.split("=", 1)[1] for f in flags if f.startswith("resume=")), None)
     runner = Runner(recipe, host, resume=resume)
     if recipe.run.progress and runner.ctx.is_main_process:
@@ -201,6 +203,8 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlpost`` console script; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    # The ``deepspeed`` launcher inserts --local_rank=N before the subcommand; ranks are read from LOCAL_RANK.
+    args = [a for a in args if not a.startswith(("--local_rank=", "--local-rank="))]
     if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
         if args and args[0] not in ("-h", "--help"):

@@ -17,6 +17,7 @@ A recipe has these top-level keys::
     logging:         {tensorboard, wandb, wandb_project, grid_every}  (rlpost.logging_.LoggingConfig)
     guards:          {on_nonfinite: stop|skip, max_skipped_steps}     (rlpost.guards.GuardConfig)
     ema:             {decay, update_every}                            (rlpost.ema.EMAConfig; optional)
+    distributed:     {backend, zero_stage, deepspeed_config, bf16}    (rlpost.distributed; optional: DeepSpeed ZeRO)
 
 Components are chosen by their registered short name (``tree``), their class name, or a dotted ``class_path``,
 with arguments in ``init_args`` (``{class_path: tree, k: 3}`` is accepted as shorthand). Swapping one component is
@@ -48,6 +49,7 @@ from rlpost.api import (
     StepCounts,
 )
 from rlpost.checkpoint import CheckpointConfig
+from rlpost.distributed import DistributedConfig, validate_distributed
 from rlpost.ema import EMAConfig
 from rlpost.evaluation import EvalSettings, EvalSpec
 from rlpost.guards import GuardConfig
@@ -116,7 +118,7 @@ SETTINGS_KEYS: dict[str, type[Any]] = {
     "logging": LoggingConfig,
     "guards": GuardConfig,
 }
-OPTIONAL_KEYS = ("eval", "ema")
+OPTIONAL_KEYS = ("eval", "ema", "distributed")
 REQUIRED_KEYS = ("model", "prompts", "sampler", "rewards", "advantage", "optimizer", "torch_optimizer")
 ALL_KEYS = (*COMPONENT_KEYS, *LIST_KEYS, *OTHER_KEYS, *SETTINGS_KEYS, *OPTIONAL_KEYS)
 # Changing one of these between a checkpoint and a resume breaks the saved state (weights, optimizer or sampler
@@ -154,6 +156,7 @@ class Recipe:
         guards: Non-finite policy.
         eval: Held-out evaluation, or ``None``.
         ema: EMA of the trainable weights, or ``None``.
+        distributed: DeepSpeed ZeRO across ranks, or ``None`` (one process, plain torch backend).
     """
 
     run: RunConfig
@@ -172,6 +175,7 @@ class Recipe:
     guards: GuardConfig = field(default_factory=GuardConfig)
     eval: EvalSpec | None = None
     ema: EMAConfig | None = None
+    distributed: DistributedConfig | None = None
 
     def counts(self) -> StepCounts:
         """Closed-form per-step counts from the sampler for this recipe's batch shape."""
@@ -379,6 +383,15 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
     if cfg.get("ema") is not None:
         built["ema"] = _check_with_parser("ema", EMAConfig, cfg["ema"], problems)
         resolved["ema"] = dataclasses.asdict(built["ema"]) if built["ema"] is not None else cfg["ema"]
+    built["distributed"] = None
+    if cfg.get("distributed") is not None:
+        built["distributed"] = _check_with_parser("distributed", DistributedConfig, cfg["distributed"], problems)
+        if built["distributed"] is not None:
+            resolved["distributed"] = dataclasses.asdict(built["distributed"])
+            if built["run"] is not None:
+                run_problems.extend(validate_distributed(built["distributed"], built["run"].groups_per_step))
+        else:
+            resolved["distributed"] = cfg["distributed"]
     run_problems.extend(_settings_checks(built))
     built["eval"] = None
     if cfg.get("eval") is not None:
@@ -413,6 +426,7 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
         guards=built["guards"],
         eval=built["eval"],
         ema=built["ema"],
+        distributed=built["distributed"],
     )
     problems.extend(_cross_checks(recipe, sane_run=not run_problems))
     if problems:

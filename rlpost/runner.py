@@ -36,6 +36,7 @@ from rlpost.checkpoint import (
     write_checkpoint,
 )
 from rlpost.contract import RewardScores, Rollout, Stash
+from rlpost.distributed import DeepSpeedBackend, World
 from rlpost.ema import EMA
 from rlpost.evaluation import Evaluator
 from rlpost.export import load_trainable, trainable_weights, write_diffusers_artifacts
@@ -46,6 +47,7 @@ from rlpost.plugins import PluginHost
 from rlpost.prompts import PromptStream
 from rlpost.recipe import Recipe, state_breaking_changes
 from rlpost.rundir import RunDirectory
+from rlpost.sharding import GroupSharding, LocalSharding
 
 __all__ = ["RunContext", "Runner", "resolve_device"]
 
@@ -110,7 +112,9 @@ class Runner:
         self.rollout_gen = torch.Generator().manual_seed(self.seed * 1_000_003 + STREAM_ROLLOUT)
         self.minibatch_gen = torch.Generator().manual_seed(self.seed * 1_000_003 + STREAM_MINIBATCH)
         self.stream: PromptStream | None = None
-        self.backend: LocalBackend | None = None
+        self.backend: LocalBackend | DeepSpeedBackend | None = None
+        self.world: World | None = None
+        self.shard: LocalSharding | GroupSharding = LocalSharding(self.rollout_gen, self.minibatch_gen)
         self.guards = Guards(recipe.guards)
         self.ema: EMA | None = None
         self.evaluator: Evaluator | None = None
@@ -128,8 +132,11 @@ class Runner:
         """
         r = self.recipe
         checkpoint = self._check_resume() if self.resume is not None else None
-        if checkpoint is None:
+        if r.distributed is not None:
+            self._start_world()
+        if checkpoint is None and self.ctx.is_main_process:
             self.rundir.create(r.config, self.host)
+        self.shard.barrier()  # rank 0 created the run directory
         # The global RNGs drive weight initialisation (e.g. LoRA's A matrices) and dropout: seed them so two runs of
         # one recipe start from the same weights (a resume then restores their saved states).
         torch.manual_seed(self.seed)
@@ -141,7 +148,16 @@ class Runner:
         params = r.model.trainable_parameters()
         optimizer = r.torch_optimizer(params)
         scheduler = r.lr_scheduler(optimizer) if r.lr_scheduler is not None else None
-        self.backend = LocalBackend(params, optimizer, scheduler, r.run.max_grad_norm)
+        if r.distributed is not None and self.world is not None:
+            from rlpost.distributed import policy_module
+
+            self.backend = DeepSpeedBackend(
+                policy_module(r.model), params, optimizer, scheduler, r.run.max_grad_norm, r.distributed, self.world
+            )
+            if isinstance(self.shard, GroupSharding):
+                self.shard.backend = self.backend
+        else:
+            self.backend = LocalBackend(params, optimizer, scheduler, r.run.max_grad_norm)
         self.stream = PromptStream(r.prompts.load(), seed=self.seed)
         self.ema = EMA(params, r.ema) if r.ema is not None else None
         if r.eval is not None:
@@ -151,6 +167,16 @@ class Runner:
             self.logger = MetricsLogger(self.rundir, r.logging, self.rundir.path.name, r.config)
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
+
+    def _start_world(self) -> None:
+        """Join the process group; this rank's device, rank and the group-aware work split follow from it."""
+        from rlpost.distributed import init_world
+
+        assert self.recipe.distributed is not None
+        self.world = world = init_world(self.recipe.distributed, self.recipe.run.device)
+        self.device = world.device
+        self.ctx.rank, self.ctx.world_size = world.rank, world.world_size
+        self.shard = GroupSharding(self.seed, world.rank, world.world_size, world.all_gather, world.barrier)
 
     def _check_resume(self) -> CheckpointInfo:
         """Find the checkpoint and compare the stored recipe with this one, before anything heavy loads."""
@@ -199,32 +225,40 @@ class Runner:
         return RewardScores(scores=scores, weights=dict(self.recipe.reward_weights))
 
     def step(self) -> dict[str, float]:
-        """One training step; returns its metrics."""
+        """One training step; returns its metrics (identical on every rank)."""
         assert self.stream is not None and self.backend is not None, "call setup() first"
-        r, hook, t = self.recipe, self.host.hook, {"start": time.perf_counter()}
+        r, hook, t, shard = self.recipe, self.host.hook, {"start": time.perf_counter()}, self.shard
         self.guards.begin_step()
-        batch = self.stream.next_batch(r.run.groups_per_step, r.run.samples_per_group)
+        batch = shard.next_batch(self.stream, r.run.groups_per_step, r.run.samples_per_group)
         with torch.no_grad():
-            rollout = r.sampler.rollout(r.model, batch, self.rollout_gen)
+            rollout = shard.rollout(r.sampler, r.model, batch, self.ctx.step)
         self._guard_log_probs(rollout)
         t["rollout"] = time.perf_counter()
         hook.rlpost_after_rollout(run=self.ctx, rollout=rollout)
-        scores = self.score(rollout)
+        scores = self.score(rollout)  # each rank scores its own samples
         t["reward"] = time.perf_counter()
         hook.rlpost_after_rewards(run=self.ctx, rollout=rollout, scores=scores)
+        view = shard.gather(rollout, scores, self.guards)  # whole groups of every rank (the rollout itself locally)
         adv_metrics: dict[str, float] = {}
         update: dict[str, float] = {}
         if not self.guards.tripped:  # a non-finite reward poisons its group's advantages: skip the update
-            advantages = self._guard_advantages(r.advantage.estimate(rollout, scores))
+            advantages = view.local(self._guard_advantages(r.advantage.estimate(view.rollout, view.scores)))
             hook.rlpost_after_advantages(run=self.ctx, rollout=rollout, advantages=advantages)
             t["advantage"], adv_metrics = time.perf_counter(), advantages.metrics
-            update = r.optimizer.update(
-                UpdateContext(r.model, r.sampler, rollout, advantages, self.backend, self.minibatch_gen, self.ctx.step)
+            ctx = UpdateContext(
+                r.model,
+                r.sampler,
+                rollout,
+                advantages,
+                self.backend,
+                shard.minibatch_generator(self.ctx.step),
+                self.ctx.step,
             )
+            update = shard.reduce(r.optimizer.update(ctx))
             self._guard_update(update)
         t.setdefault("advantage", time.perf_counter())
         t["update"] = time.perf_counter()
-        metrics = self._metrics(rollout, scores, adv_metrics, update, t) | self.guards.metrics()
+        metrics = self._metrics(view.rollout, view.scores, adv_metrics, update, t) | self.guards.metrics()
         self.ctx.step += 1
         self.ctx.history.append(metrics)
         if self.ema is not None:
@@ -386,9 +420,17 @@ class Runner:
             CheckpointError: The trainable (or EMA) weights are not finite: nothing is written.
         """
         assert self.backend is not None, "call setup() first"
-        if not self.ctx.is_main_process:
-            return None
         r = self.recipe
+        # Collective under ZeRO: every rank takes part in gathering weights and optimizer state; rank 0 writes.
+        weights = (
+            self.backend.full_weights()
+            if isinstance(self.backend, DeepSpeedBackend)
+            else trainable_weights(self.backend.parameters)
+        )
+        state = self.state()
+        if not self.ctx.is_main_process:
+            self.shard.barrier()
+            return None
         config_text = yaml.safe_dump(r.config, sort_keys=False)
 
         def artefacts(directory: Path) -> None:
@@ -406,8 +448,8 @@ class Runner:
         path = write_checkpoint(
             self.rundir.path,
             self.ctx.step,
-            trainable_weights(self.backend.parameters),
-            self.state(),
+            weights,
+            state,
             extra=artefacts,
             ema=self.ema.state_dict() if self.ema is not None else None,
             manifest_extra=manifest,
@@ -415,13 +457,17 @@ class Runner:
         (path.parent / "latest.json").write_text(json.dumps({"step": self.ctx.step, "path": path.name}))
         rotate(self.rundir.path, r.checkpoint.keep_last)
         self.last_saved_step = self.ctx.step
+        self.shard.barrier()
         return path
 
     def load_checkpoint(self, info: CheckpointInfo) -> None:
         """Restore weights, EMA and state from a checkpoint (after :meth:`setup` built everything)."""
         assert self.backend is not None
         weights, state, ema = read_checkpoint(info)
-        load_trainable(self.backend.parameters, weights)
+        if isinstance(self.backend, DeepSpeedBackend):
+            self.backend.load_full_weights(weights)
+        else:
+            load_trainable(self.backend.parameters, weights)
         if self.ema is not None:
             if ema is None:
                 raise CheckpointError(f"{info.path}: the recipe enables ema but the checkpoint holds no EMA weights")
@@ -432,7 +478,9 @@ class Runner:
             for k in set(self.recipe.config) | set(self.rundir.stored_recipe())
             if self.recipe.config.get(k) != self.rundir.stored_recipe().get(k)
         )
-        self.ctx.history = self.rundir.reopen(self.ctx.step, str(info.path), changed)
+        if self.ctx.is_main_process:  # truncates metrics and records the resume: rank 0 only
+            self.ctx.history = self.rundir.reopen(self.ctx.step, str(info.path), changed)
+        self.shard.barrier()
         self.last_saved_step = self.ctx.step
 
     # --------------------------------------------------------------------------------------------------- run
