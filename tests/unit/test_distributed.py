@@ -67,13 +67,10 @@ def _tree_recipe(tiny_sd3_dir: Path, out: Path, host: PluginHost, **distributed:
     return cfg
 
 
-@pytest.mark.skipif(not (ROOT / "recipes/tiny/treegrpo.yaml").is_file(), reason="tiny TreeGRPO recipe missing")
 def test_advantages_with_groups_and_trees_split_across_two_ranks(tmp_path, tiny_sd3_dir):
     """A fake 2-rank world: the advantages each rank slices back from the gathered view equal the single-rank ones
     exactly, both when whole groups sit on different ranks and when one group's two trees do."""
     host = PluginHost()
-    if "tree" not in host.registry("sampler"):
-        pytest.skip("tree sampler not installed")
     recipe = validate(_tree_recipe(tiny_sd3_dir, tmp_path / "r", host), host)
     recipe.model.setup(torch.device("cpu"))
     reward = recipe.rewards[0]

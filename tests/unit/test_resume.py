@@ -116,7 +116,6 @@ def test_resume_cli_exit_codes(tmp_path, host, monkeypatch, capsys):
     assert cli.main(["train", "--recipe", str(recipe), "--run.max_steps", "2", "--resume", "latest"]) == 0
 
 
-@pytest.mark.skipif(not (ROOT / "recipes/tiny/treegrpo.yaml").is_file(), reason="tiny TreeGRPO recipe not present")
 def test_exact_resume_tiny_sd3_tree(tmp_path, tiny_sd3_dir):
     """Bitwise LoRA equality with the real tree sampler on the tiny SD3 (2 steps vs 1 + resume + 1)."""
     import yaml
@@ -124,8 +123,6 @@ def test_exact_resume_tiny_sd3_tree(tmp_path, tiny_sd3_dir):
     from rlpost.plugins import PluginHost as Host
 
     h = Host()
-    if "tree" not in h.registry("sampler"):
-        pytest.skip("tree sampler not installed")
     base = yaml.safe_load((ROOT / "recipes/tiny/treegrpo.yaml").read_text())
     base["model"]["init_args"]["pretrained"] = str(tiny_sd3_dir)
     base["sampler"]["init_args"].update({"k": 2, "depth": 1})

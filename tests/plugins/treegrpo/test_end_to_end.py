@@ -15,15 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)
-def _needs_jpeg_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlpost.plugins import get_host
-
-    try:
-        import rlpost_rewards.jpeg  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - only while the rewards plugin is missing
-        pytest.skip(f"the jpeg-compressibility reward (plugin rlpost_rewards) is not importable: {exc}")
-    if "jpeg-compressibility" not in get_host().registries["reward"].names():  # pragma: no cover
-        pytest.skip("the jpeg-compressibility reward is not registered (rlpost_rewards plugin not loaded)")
+def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
 
 
