@@ -17,6 +17,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,10 +213,21 @@ class Runner:
     # ------------------------------------------------------------------------------------------------- steps
 
     def score(self, rollout: Rollout) -> RewardScores:
-        """Score the rollout's images with every reward source; non-finite scores are recorded by the guards."""
+        """Score the rollout's images with every reward source; non-finite scores are recorded by the guards.
+
+        With several sources they score concurrently, one worker thread each (torch, PIL and HTTP release the GIL),
+        so a step waits for the slowest reward rather than the sum of all of them.
+        """
+        rewards = self.recipe.rewards
+        args = (rollout.images, rollout.sample_prompts, rollout.sample_metadata)
+        if len(rewards) == 1:
+            results = [rewards[0].score(*args)]
+        else:
+            with ThreadPoolExecutor(max_workers=len(rewards), thread_name_prefix="rlpost-reward") as pool:
+                results = [f.result() for f in [pool.submit(reward.score, *args) for reward in rewards]]
         scores = {}
-        for reward in self.recipe.rewards:
-            values = reward.score(rollout.images, rollout.sample_prompts, rollout.sample_metadata).float().cpu()
+        for reward, raw in zip(rewards, results, strict=True):
+            values = raw.float().cpu()
             if values.shape != (rollout.num_samples,):
                 raise ValueError(
                     f"reward {reward.name!r} returned shape {tuple(values.shape)}, expected ({rollout.num_samples},)"

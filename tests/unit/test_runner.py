@@ -67,3 +67,30 @@ def test_nonfinite_reward_is_an_error_naming_the_source(tmp_path, host, monkeypa
         Runner(recipe, host).run()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed"
+
+
+def test_several_reward_sources_score_concurrently(tmp_path, host):
+    """Two rewards must be inside ``score`` at the same time: each waits at a 2-party barrier, which only opens when
+    both run concurrently (sequential scoring would break the barrier after its timeout)."""
+    import threading
+
+    recipe = validate(toy_recipe(str(tmp_path / "run"), max_steps=1), host)
+    second = toy_components.ToyMeanReward()
+    second.name = "toy-brightness-2"  # type: ignore[misc]
+    recipe.rewards.append(second)
+    recipe.reward_weights["toy-brightness-2"] = 1.0
+    barrier = threading.Barrier(2, timeout=30)
+
+    def meeting(original):
+        def score(images, prompts, metadata):
+            barrier.wait()
+            return original(images, prompts, metadata)
+
+        return score
+
+    for reward in recipe.rewards:
+        reward.score = meeting(reward.score)  # type: ignore[method-assign]
+    runner = Runner(recipe, host)
+    runner.setup()
+    metrics = runner.step()
+    assert metrics["reward/toy-brightness"] == metrics["reward/toy-brightness-2"]
