@@ -1,8 +1,8 @@
 """Overlap reward scoring with other work: score in a worker thread and get a future back.
 
-Flow-GRPO computes rewards in a thread pool while the next rollout samples (algorithms.md 8.6; trl
-``async_reward_computation``). Torch releases the GIL inside kernels, so a CPU reward (JPEG, a remote call) or a
-reward on another GPU stream overlaps with sampling::
+Flow-GRPO computes rewards in a thread pool while it samples the next batch of the same epoch (algorithms.md 8.6;
+trl ``async_reward_computation``). Torch releases the GIL inside kernels, so a CPU reward (JPEG, a remote call) or a
+reward on another GPU stream overlaps with that work::
 
     scorer = ThreadedScorer(reward)
     future = scorer.submit(images, prompts, metadata)   # returns at once
