@@ -586,8 +586,17 @@ def state_breaking_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str
 
 def build_parser(prog: str = "rlpost train") -> ArgumentParser:
     """The jsonargparse parser describing a recipe; used for ``--help`` and ``--print_config``."""
-    parser = ArgumentParser(prog=prog, description=__doc__, exit_on_error=False)
+    parser = ArgumentParser(
+        prog=prog,
+        description="Train with a recipe; every option below can be set in the recipe YAML or as --a.b VALUE.",
+        exit_on_error=False,
+    )
     parser.add_class_arguments(RunConfig, "run")
+    parser.add_class_arguments(CheckpointConfig, "checkpoint")
+    parser.add_class_arguments(LoggingConfig, "logging")
+    parser.add_class_arguments(GuardConfig, "guards")
+    parser.add_argument("--ema", type=EMAConfig | None, default=None, help="EMA of the trainable weights")
+    parser.add_argument("--distributed", type=DistributedConfig | None, default=None, help="DeepSpeed ZeRO settings")
     for key, (base, _) in COMPONENT_KEYS.items():
         parser.add_argument(f"--{key}", type=base, help=f"the {key} component")
     parser.add_argument("--rewards", type=list[RewardSource], help="reward sources")
