@@ -7,6 +7,7 @@
                     [--num-steps N] [--seed S] [--batch-size B] [--device D]
     rlpost export   --run DIR --out DIR [--checkpoint latest|PATH]
     rlpost plugins list [--json] [--all]
+    rlpost bench    --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]   (rlpost.bench)
 
 Recipes are merged in order (later files overlay earlier ones), then ``--a.b value`` overrides apply (values are
 parsed as YAML; ``--sampler.k 4`` means ``sampler.init_args.k``). ``rlpost train --help`` lists every option with
@@ -191,12 +192,20 @@ def cmd_plugins(argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_bench(argv: Sequence[str]) -> int:
+    """Run TreeGRPO, DanceGRPO, MixGRPO and DDPO interleaved in one process and report speed and rewards."""
+    from rlpost.bench import main as bench_main
+
+    return bench_main(argv)
+
+
 COMMANDS = {
     "train": cmd_train,
     "validate": cmd_validate,
     "sample": cmd_sample,
     "export": cmd_export,
     "plugins": cmd_plugins,
+    "bench": cmd_bench,
 }
 
 

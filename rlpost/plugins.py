@@ -45,6 +45,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "rlpost.prompts",
     "rlpost.models.sd3",
     "rlpost.digits",
+    "rlpost.reporting",
 )
 
 # Registration hook name -> (registry key, base class). Order is the order of ``rlpost plugins list`` columns.

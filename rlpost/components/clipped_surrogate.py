@@ -152,13 +152,15 @@ class ClippedSurrogate(PolicyOptimizer):
         policy_loss = torch.maximum(unclipped, clipped).sum() / step_size
         loss = policy_loss
         kl_value = 0.0
+        ref_forwards = 0
         if self.kl_coef > 0:
             with torch.no_grad(), ctx.policy.reference():
                 ref = ctx.sampler.evaluate(ctx.policy, ctx.rollout, mb)
             kl = ((evaluation.mean - ref.mean) ** 2 / (2 * evaluation.std**2)).flatten(1).mean(1)
             loss = loss + self.kl_coef * kl.sum() / step_size
-            kl_value = float(kl.mean())
-        out = {"forwards": float(evaluation.forwards)}
+            kl_value = float(kl.detach().mean())
+            ref_forwards = ref.forwards
+        out = {"forwards": float(evaluation.forwards), "reference_forwards": float(ref_forwards)}
         if not torch.isfinite(loss):
             # A non-finite loss never reaches backward; counted so the run's guard policy can react.
             out["nonfinite_loss"] = 1.0
@@ -201,4 +203,5 @@ class ClippedSurrogate(PolicyOptimizer):
             "train/nonfinite_loss": float(sum(stats.get("nonfinite_loss", []))),
             "train/nonfinite_grad_steps": float(sum(stats.get("train/nonfinite_grad_steps", []))),
             "perf/train_forwards": float(forwards),
+            "perf/reference_forwards": float(sum(stats.get("reference_forwards", []))),
         }

@@ -1,0 +1,97 @@
+"""The end-of-run report (rlpost.reporting): reward plot and before/after grid from a run directory's files."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from PIL import Image
+
+from rlpost import reporting
+from rlpost.images import save_images
+from rlpost.plugins import DEFAULT_PLUGINS
+
+PROMPTS = ["a picture of the digit three", "the handwritten number 7", "a two drawn by hand"]
+
+
+def _fake_run(run_dir: Path, evals: tuple[int, ...] = (0, 2)) -> None:
+    """The files a 2-step run with held-out evaluation leaves (shapes as rlpost.runner / rlpost.evaluation write)."""
+    run_dir.mkdir(parents=True)
+    with (run_dir / "metrics.jsonl").open("w") as fh:
+        for step, r in ((1, 0.6), (2, 0.7)):
+            fh.write(json.dumps({"step": step, "reward/digit-alignment": r, "reward/weighted": r}) + "\n")
+    with (run_dir / "eval.jsonl").open("w") as fh:
+        for k, step in enumerate(evals):
+            scores = [0.2 + 0.3 * k + 0.1 * i for i in range(len(PROMPTS))]
+            per_prompt = [
+                {"prompt": p, "seed": 1000 + i, "digit-alignment": s}
+                for i, (p, s) in enumerate(zip(PROMPTS, scores, strict=True))
+            ]
+            fh.write(
+                json.dumps(
+                    {"step": step, "num_steps": 10, "eval/digit-alignment": sum(scores) / 3, "per_prompt": per_prompt}
+                )
+                + "\n"
+            )
+            images = torch.full((len(PROMPTS), 16, 16, 3), 40 * (k + 1), dtype=torch.uint8)
+            save_images(images, run_dir / "eval" / f"step_{step:06d}")
+
+
+def test_write_report_makes_plot_grid_and_summary(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _fake_run(run)
+    summary = reporting.write_report(run)
+    assert sorted(summary["files"]) == ["report/before_after.png", "report/reward_vs_step.png"]
+    plot = Image.open(run / "report" / "reward_vs_step.png")
+    assert plot.size[0] > 300 and plot.size[1] > 200
+    grid = Image.open(run / "report" / "before_after.png")
+    # 3 pairs -> 6 tiles in one row, each upscaled to 128 px plus its caption band.
+    assert grid.size == (6 * 128, 128 + 3 * 12 + 4)
+    held = summary["heldout"]["digit-alignment"]
+    assert held["before_step"] == 0 and held["after_step"] == 2
+    assert abs(held["delta"] - 0.3) < 1e-9
+    assert summary["train"]["weighted"] == {"first": 0.6, "last": 0.7}
+    assert json.loads((run / "report" / "summary.json").read_text())["steps"] == 2
+
+
+def test_grid_needs_two_evaluations_and_images(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _fake_run(run, evals=(0,))
+    assert reporting.before_after_grid(run, run / "g.png") is None
+    assert reporting.write_report(run)["files"] == ["report/reward_vs_step.png"]
+
+
+def test_hook_is_registered_and_skips_non_main_ranks(tmp_path: Path) -> None:
+    assert "rlpost.reporting" in DEFAULT_PLUGINS
+    run = tmp_path / "run"
+    _fake_run(run)
+    reporting.rlpost_after_run(run=SimpleNamespace(is_main_process=False, output_dir=run), status="completed")
+    assert not (run / "report").exists()
+    reporting.rlpost_after_run(run=SimpleNamespace(is_main_process=True, output_dir=run), status="completed")
+    assert (run / "report" / "before_after.png").is_file()
+
+
+def test_missing_matplotlib_skips_the_plot_with_a_warning(tmp_path: Path, monkeypatch: object) -> None:
+    run = tmp_path / "run"
+    _fake_run(run)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # type: ignore[attr-defined]  # import now fails
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reporting.rlpost_after_run(run=SimpleNamespace(is_main_process=True, output_dir=run), status="completed")
+    assert any("matplotlib is not installed" in str(w.message) for w in caught)
+    assert not (run / "report" / "reward_vs_step.png").exists()
+    assert (run / "report" / "before_after.png").is_file()
+
+
+def test_hook_never_raises(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval.jsonl").write_text('{"step": 0, "eval/r": 0.5, "per_prompt": [{"prompt": "x"}]}\n{"step": 1}\n')
+    (run / "eval").write_text("not a directory")  # image loading will fail
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        reporting.rlpost_after_run(run=SimpleNamespace(is_main_process=True, output_dir=run), status="failed")
