@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from rlpost.digits.data import RESOLUTION, TRAIN_TEMPLATES, load_split, prompts_for, upsample_digits
-from rlpost.models.tiny import _t5_vocab, write_clip_tokenizer_files
+from rlpost.models.tiny import _t5_vocab, build_text_encoders, write_clip_tokenizer_files
 
 __all__ = ["MAX_SEQUENCE_LENGTH", "build_digits_pipeline", "identity_vae", "main", "pretrain"]
 
@@ -161,34 +161,14 @@ def build_digits_pipeline(seed: int = 0) -> Any:
             pooled_projection_dim=64,
             pos_embed_max_size=RESOLUTION // PATCH_SIZE,
         )
-        clip_cfg = transformers.CLIPTextConfig(
-            bos_token_id=vocab_size - 2,
-            eos_token_id=vocab_size - 1,
-            pad_token_id=vocab_size - 1,
-            hidden_size=32,
-            intermediate_size=64,
-            num_attention_heads=4,
-            num_hidden_layers=2,
-            vocab_size=vocab_size,
-            hidden_act="gelu",
-            projection_dim=32,
-            max_position_embeddings=CLIP_MAX_LENGTH,
-        )
-        te1 = transformers.CLIPTextModelWithProjection(clip_cfg)
-        te2 = transformers.CLIPTextModelWithProjection(clip_cfg)
-        te3 = transformers.T5EncoderModel(
-            transformers.T5Config(
-                vocab_size=len(t5_tok),
-                d_model=64,
-                d_kv=16,
-                d_ff=128,
-                num_layers=1,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                decoder_start_token_id=0,
-                pad_token_id=0,
-                eos_token_id=1,
-            )
+        te1, te2, te3 = build_text_encoders(
+            vocab_size,
+            len(t5_tok),
+            clip_intermediate=64,
+            clip_max_positions=CLIP_MAX_LENGTH,
+            t5_d_model=64,
+            t5_d_kv=16,
+            t5_d_ff=128,
         )
     vae = identity_vae()
     for module in (transformer, te1, te2, te3, vae):

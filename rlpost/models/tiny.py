@@ -95,6 +95,61 @@ def _t5_vocab() -> list[tuple[str, float]]:
     return pieces
 
 
+def build_text_encoders(
+    clip_vocab: int,
+    t5_vocab: int,
+    *,
+    clip_hidden: int = 32,
+    clip_intermediate: int = 37,
+    clip_max_positions: int = 77,
+    t5_d_model: int = 32,
+    t5_d_kv: int = 8,
+    t5_d_ff: int = 37,
+) -> tuple[Any, Any, Any]:
+    """The SD3 text-encoder stack at tiny size: two ``CLIPTextModelWithProjection`` (2 layers, projection 32) and a
+    one-layer ``T5EncoderModel``, drawn from the global torch RNG in that order (callers seed it).
+
+    Args:
+        clip_vocab: CLIP vocabulary size (the last two ids are BOS and EOS/pad, see `write_clip_tokenizer_files`).
+        t5_vocab: T5 vocabulary size (pad id 0, EOS id 1).
+        clip_hidden: CLIP hidden size.
+        clip_intermediate: CLIP MLP size.
+        clip_max_positions: CLIP context length.
+        t5_d_model: T5 model width.
+        t5_d_kv: T5 per-head width.
+        t5_d_ff: T5 MLP size.
+    """
+    transformers: Any = importlib.import_module("transformers")
+    clip_cfg = transformers.CLIPTextConfig(
+        bos_token_id=clip_vocab - 2,
+        eos_token_id=clip_vocab - 1,
+        pad_token_id=clip_vocab - 1,
+        hidden_size=clip_hidden,
+        intermediate_size=clip_intermediate,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        vocab_size=clip_vocab,
+        hidden_act="gelu",
+        projection_dim=32,
+        max_position_embeddings=clip_max_positions,
+    )
+    te1 = transformers.CLIPTextModelWithProjection(clip_cfg)
+    te2 = transformers.CLIPTextModelWithProjection(clip_cfg)
+    t5_cfg = transformers.T5Config(
+        vocab_size=t5_vocab,
+        d_model=t5_d_model,
+        d_kv=t5_d_kv,
+        d_ff=t5_d_ff,
+        num_layers=1,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    return te1, te2, transformers.T5EncoderModel(t5_cfg)
+
+
 def build_tiny_sd3(
     out_dir: Path,
     *,
@@ -153,36 +208,7 @@ def build_tiny_sd3(
             out_channels=4,
             pos_embed_max_size=max(latent_size // patch_size, 1),
         )
-        clip_cfg = transformers.CLIPTextConfig(
-            bos_token_id=vocab_size - 2,
-            eos_token_id=vocab_size - 1,
-            pad_token_id=vocab_size - 1,
-            hidden_size=32,
-            intermediate_size=37,
-            num_attention_heads=4,
-            num_hidden_layers=2,
-            vocab_size=vocab_size,
-            hidden_act="gelu",
-            projection_dim=32,
-            max_position_embeddings=77,
-        )
-        te1 = transformers.CLIPTextModelWithProjection(clip_cfg)
-        te2 = transformers.CLIPTextModelWithProjection(clip_cfg)
-        t5_vocab = len(t5_tok)
-        te3 = transformers.T5EncoderModel(
-            transformers.T5Config(
-                vocab_size=t5_vocab,
-                d_model=32,
-                d_kv=8,
-                d_ff=37,
-                num_layers=1,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                decoder_start_token_id=0,
-                pad_token_id=0,
-                eos_token_id=1,
-            )
-        )
+        te1, te2, te3 = build_text_encoders(vocab_size, len(t5_tok))
         vae = diffusers.AutoencoderKL(
             sample_size=sample_size,
             in_channels=3,
