@@ -18,9 +18,11 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "plugins"
 FIRST_PARTY = {"rewards", "treegrpo", "dancegrpo", "mixgrpo", "ddpo"}
 
 
-def _pip_install(package: str, target: Path, workdir: Path) -> None:
-    src = workdir / package
-    shutil.copytree(FIXTURES / package, src)  # building writes into the source tree; keep the fixture clean
+def _pip_install(package: str | Path, target: Path, workdir: Path) -> None:
+    """pip-install a fixture package (a name under tests/fixtures/plugins, or a path) into ``target``."""
+    source = Path(package) if isinstance(package, Path) else FIXTURES / package
+    src = workdir / source.name
+    shutil.copytree(source, src)  # building writes into the source tree; keep the fixture clean
     subprocess.run(
         [
             sys.executable,
@@ -186,26 +188,8 @@ def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_p
     from tests.toy_components import toy_recipe
 
     example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "rlpost-reward-example"
-    src, target = tmp_path / "src", tmp_path / "site"
-    shutil.copytree(example, src)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(src),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    target = tmp_path / "site"
+    _pip_install(example, target, tmp_path)
     monkeypatch.syspath_prepend(str(target))
     monkeypatch.setenv("RLPOST_LOAD_PLUGINS", "rlpost-reward-example")
     monkeypatch.delitem(sys.modules, "rlpost_reward_example", raising=False)
