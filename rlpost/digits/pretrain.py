@@ -36,7 +36,6 @@ import copy
 import importlib
 import json
 import math
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from rlpost.digits.data import RESOLUTION, TRAIN_TEMPLATES, load_split, prompts_for, upsample_digits
-from rlpost.models.tiny import _t5_vocab, build_text_encoders, write_clip_tokenizer_files
+from rlpost.models.tiny import _t5_vocab, build_clip_tokenizer, build_text_encoders
 
 __all__ = ["MAX_SEQUENCE_LENGTH", "build_digits_pipeline", "identity_vae", "main", "pretrain"]
 
@@ -140,11 +139,7 @@ def build_digits_pipeline(seed: int = 0) -> Any:
     """
     diffusers: Any = importlib.import_module("diffusers")
     transformers: Any = importlib.import_module("transformers")
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab_size = write_clip_tokenizer_files(Path(tmp), 1000)
-        clip_tok = transformers.CLIPTokenizer(
-            vocab=str(Path(tmp) / "vocab.json"), merges=str(Path(tmp) / "merges.txt"), model_max_length=CLIP_MAX_LENGTH
-        )
+    clip_tok, vocab_size = build_clip_tokenizer(1000, max_length=CLIP_MAX_LENGTH)
     t5_tok = transformers.T5Tokenizer(vocab=_t5_digits_vocab(), extra_ids=0, model_max_length=MAX_SEQUENCE_LENGTH)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -95,6 +95,22 @@ def _t5_vocab() -> list[tuple[str, float]]:
     return pieces
 
 
+def build_clip_tokenizer(num_merges: int | None, max_length: int) -> tuple[Any, int]:
+    """A real CLIP BPE tokenizer from open_clip's bundled vocabulary (no download), and its vocabulary size.
+
+    Args:
+        num_merges: BPE merges kept (``None``: all, the full 49408-token vocabulary).
+        max_length: ``model_max_length`` (the SD3 pipeline pads and truncates CLIP prompts to it).
+    """
+    transformers: Any = importlib.import_module("transformers")
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_size = write_clip_tokenizer_files(Path(tmp), num_merges)
+        tok = transformers.CLIPTokenizer(
+            vocab=str(Path(tmp) / "vocab.json"), merges=str(Path(tmp) / "merges.txt"), model_max_length=max_length
+        )
+    return tok, vocab_size
+
+
 def build_text_encoders(
     clip_vocab: int,
     t5_vocab: int,
@@ -184,12 +200,8 @@ def build_tiny_sd3(
     out_dir = Path(out_dir)
     vae_scale = 2 ** (vae_blocks - 1)
     latent_size = sample_size // vae_scale
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab_size = write_clip_tokenizer_files(Path(tmp), clip_merges)
-        # model_max_length 77: the pipeline pads/truncates CLIP prompts to the tokenizer's max length.
-        clip_tok = transformers.CLIPTokenizer(
-            vocab=str(Path(tmp) / "vocab.json"), merges=str(Path(tmp) / "merges.txt"), model_max_length=77
-        )
+    # model_max_length 77: the pipeline pads/truncates CLIP prompts to the tokenizer's max length.
+    clip_tok, vocab_size = build_clip_tokenizer(clip_merges, max_length=77)
     t5_tok = transformers.T5Tokenizer(vocab=_t5_vocab(), extra_ids=0, model_max_length=256)
 
     # Build everything on CPU in fp32 under a fixed seed (module constructors draw from the global RNG).
