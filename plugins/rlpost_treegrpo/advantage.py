@@ -27,7 +27,7 @@ from torch import Tensor
 
 from rlpost.api import AdvantageEstimator, Advantages
 from rlpost.contract import RewardScores, Rollout
-from rlpost.ops.reward_mixing import mix_rewards
+from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 
 __all__ = ["LeafZScoreAdvantage", "TreeBackupAdvantage", "backup_values", "zero_std_fraction"]
 
@@ -88,18 +88,20 @@ def backup_values(
 
 
 def zero_std_fraction(values: Tensor, groups: Tensor) -> float:
-    """Fraction of groups whose ``values`` are all equal (their z-scores are all zero; algorithms.md §1.4)."""
-    uniq, inverse = torch.unique(groups, return_inverse=True)
-    v = values.double()
-    hi = torch.full((uniq.shape[0],), float("-inf"), dtype=torch.float64).scatter_reduce(0, inverse, v, "amax")
-    lo = torch.full((uniq.shape[0],), float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, v, "amin")
-    return float((hi == lo).double().mean()) if uniq.numel() else 0.0
+    """Fraction of groups whose ``values`` are all equal (their leaf z-scores are exactly zero)."""
+    if values.numel() == 0:
+        return 0.0
+    _, inverse = torch.unique(groups, return_inverse=True)
+    flat = constant_groups(values, groups)
+    per_group = torch.zeros(int(inverse.max()) + 1, dtype=torch.bool).scatter_(0, inverse, flat)
+    return float(per_group.double().mean())
 
 
 def _leaf_advantages(
     rollout: Rollout, scores: RewardScores, mode: Literal["advantage", "reward"], eps: float
 ) -> Tensor:
-    """Per-prompt z-scored (unbiased std) and mixed leaf advantages, ``[S]`` fp32."""
+    """Per-prompt z-scored (unbiased std) and mixed leaf advantages, ``[S]`` fp32; exactly 0 for a prompt whose
+    leaves all score the same (the shared z-score's guarantee), so the backup of such a prompt is 0 too."""
     groups = rollout.sample_group + rollout.group_offset
     return mix_rewards(scores, groups, mode=mode, eps=eps).float()
 

@@ -9,9 +9,11 @@ With several reward sources the order of mixing and normalising is a choice (``r
 ``"advantage"`` z-scores each reward and sums them with their weights (MixGRPO's ``advantage_aggr``), ``"reward"``
 z-scores the weighted sum of raw rewards (MixGRPO's ``reward_aggr``; identical to ``"advantage"`` for one reward).
 
-A group whose (weighted) rewards are all equal carries no signal: its advantages are set to exactly 0 (Flow-GRPO
-logs the fraction of such groups as ``zero_std_ratio``; here ``adv/zero_std_frac``). Each sample's advantage is then
-given to every trainable edge of its chain; non-trainable edges get 0.
+A group whose rewards are all equal carries no signal: its advantages are exactly 0, also when the value is not
+representable in float32 (``rlpost.ops.reward_mixing.group_zscore``; with several sources, a group in which every
+source is constant). Flow-GRPO logs the fraction of such groups as ``zero_std_ratio``; here ``adv/zero_std_frac``
+counts groups whose weighted reward sum is constant. Each sample's advantage is then given to every trainable edge of
+its chain; non-trainable edges get 0.
 """
 
 from __future__ import annotations
@@ -24,41 +26,11 @@ from torch import Tensor
 from rlpost.api import AdvantageEstimator, Advantages
 from rlpost.components.chain import broadcast_to_edges
 from rlpost.contract import RewardScores, Rollout
-from rlpost.ops.reward_mixing import group_zscore
+from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 
-__all__ = ["GroupZScoreAdvantage", "constant_groups", "zscore"]
+__all__ = ["GroupZScoreAdvantage"]
 
 MixMode = Literal["advantage", "reward"]
-
-
-def constant_groups(values: Tensor, groups: Tensor) -> Tensor:
-    """``[S]`` bool, True for samples whose group's ``values`` are all equal (zero spread)."""
-    _, inverse = torch.unique(groups, return_inverse=True)
-    n = int(inverse.max()) + 1 if inverse.numel() else 0
-    v = values.float()
-    hi = torch.full((n,), -torch.inf).scatter_reduce(0, inverse, v, reduce="amax")
-    lo = torch.full((n,), torch.inf).scatter_reduce(0, inverse, v, reduce="amin")
-    return (hi == lo)[inverse]
-
-
-def zscore(values: Tensor, groups: Tensor, eps: float, global_std: bool) -> Tensor:
-    """Group z-score with exact zeros for constant groups.
-
-    Args:
-        values: ``[S]`` rewards.
-        groups: ``[S]`` group ids.
-        eps: Added to the standard deviation.
-        global_std: Divide by the (ddof 0) std of the whole batch instead of the group's (unbiased) std.
-    """
-    v = values.float()
-    if global_std:
-        _, inverse = torch.unique(groups, return_inverse=True)
-        n = int(inverse.max()) + 1
-        mean = torch.zeros(n).index_add_(0, inverse, v) / torch.bincount(inverse, minlength=n).float()
-        out = (v - mean[inverse]) / (v.std(unbiased=False) + eps)
-    else:
-        out = group_zscore(v, groups, eps=eps, unbiased=True)
-    return torch.where(constant_groups(v, groups), torch.zeros_like(out), out)
 
 
 class GroupZScoreAdvantage(AdvantageEstimator):
@@ -96,17 +68,10 @@ class GroupZScoreAdvantage(AdvantageEstimator):
     def sample_advantages(self, scores: RewardScores, groups: Tensor) -> tuple[Tensor, float]:
         """``[S]`` per-sample advantages and the fraction of groups with zero reward spread."""
         groups = groups.long().cpu()
-        total = scores.weighted_sum().cpu()
-        if self.mix == "reward":
-            adv = zscore(total, groups, self.eps, self.global_std)
-        else:
-            # Same order as rlpost.ops.reward_mixing.mix_rewards(mode="advantage"), with exact zeros for
-            # constant groups of each source and the optional global std.
-            adv = torch.zeros_like(total)
-            for name, value in scores.scores.items():
-                adv = adv + scores.weights[name] * zscore(value.cpu(), groups, self.eps, self.global_std)
-        flat = constant_groups(total, groups)
-        adv = torch.where(flat, torch.zeros_like(adv), adv)
+        scores = RewardScores({k: v.cpu() for k, v in scores.scores.items()}, scores.weights)
+        # The shared z-score gives exact zeros for constant groups (of each source in "advantage" mode).
+        adv = mix_rewards(scores, groups, self.mix, self.eps, global_std=self.global_std)
+        flat = constant_groups(scores.weighted_sum(), groups)
         _, first = torch.unique(groups, return_inverse=True)
         n = int(first.max()) + 1
         per_group = torch.zeros(n, dtype=torch.bool).scatter_(0, first, flat)

@@ -20,37 +20,77 @@ from torch import Tensor
 
 from rlpost.contract import RewardScores
 
-__all__ = ["group_zscore", "mix_rewards", "validate_reward_weights"]
+__all__ = ["constant_groups", "group_zscore", "mix_rewards", "validate_reward_weights"]
 
 
-def group_zscore(values: Tensor, groups: Tensor, eps: float = 1e-8, unbiased: bool = True) -> Tensor:
-    """Standardise ``values`` within each group: ``(v - mean_g) / (std_g + eps)`` (algorithms.md 1.4).
+def constant_groups(values: Tensor, groups: Tensor) -> Tensor:
+    """``[S]`` bool, True for samples whose group's ``values`` are all equal (a group of one included).
 
-    A group of one sample (or a group whose values are all equal) gets zero, never NaN.
+    Args:
+        values: ``[S]`` values.
+        groups: ``[S]`` integer group id of each value.
+    """
+    if values.ndim != 1 or groups.shape != values.shape:
+        raise ValueError(f"constant_groups: values {tuple(values.shape)} and groups {tuple(groups.shape)} must be [S]")
+    v = values.detach().double()
+    _, inverse = torch.unique(groups.to(v.device), return_inverse=True)
+    num = int(inverse.max().item()) + 1 if inverse.numel() else 0
+    hi = torch.full((num,), -math.inf, dtype=v.dtype, device=v.device).scatter_reduce(0, inverse, v, "amax")
+    lo = torch.full((num,), math.inf, dtype=v.dtype, device=v.device).scatter_reduce(0, inverse, v, "amin")
+    return (hi == lo)[inverse]
+
+
+def group_zscore(
+    values: Tensor, groups: Tensor, eps: float = 1e-8, unbiased: bool = True, global_std: bool = False
+) -> Tensor:
+    """Standardise ``values`` within each group: ``(v - mean_g) / (std_g + eps)``.
+
+    As DanceGRPO (``XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py@15cc71d``: unbiased ``torch.std``, eps 1e-8);
+    ``global_std`` is Flow-GRPO's variant (``yifan123/flow_grpo flow_grpo/stat_tracking.py@ac4c86e``: group mean,
+    ``np.std`` of all rewards).
+
+    A group whose values are all equal (a group of one included) gets exactly 0, never NaN and never amplified
+    rounding noise. This matters because the usual float32 formula does not give 0 for such a group when the value
+    is not representable exactly: 27 leaves that all score 0.3 have a float32 mean that differs from 0.3 by an ulp,
+    so both ``v - mean`` and the std are ~1e-8 and their ratio is of order 1 — a full-size advantage from nothing.
+    The statistics are therefore computed in float64 on values shifted by their group minimum (so a constant group
+    centres to exactly 0 and the shift loses nothing), and constant groups are set to 0 explicitly (which also
+    covers ``eps = 0``). Every estimator that normalises per group inherits this.
 
     Args:
         values: ``[S]`` values.
         groups: ``[S]`` integer group id of each value (any ids, not necessarily contiguous).
         eps: Added to the standard deviation.
         unbiased: Use the ``n - 1`` (Bessel) standard deviation, as ``torch.std`` does by default.
+        global_std: Divide by the population (ddof 0, ``np.std``) standard deviation of *all* values instead of the
+            group's (Flow-GRPO's ``global_std``); the mean is still the group's. ``unbiased`` is then ignored.
 
     Returns:
         ``[S]`` fp32 z-scores.
     """
     if values.ndim != 1 or groups.shape != values.shape:
         raise ValueError(f"group_zscore: values {tuple(values.shape)} and groups {tuple(groups.shape)} must be [S]")
-    v = values.float()
+    v = values.detach().double()
+    if v.numel() == 0:
+        return v.float()
     _, inverse = torch.unique(groups.to(v.device), return_inverse=True)
-    num = int(inverse.max().item()) + 1 if inverse.numel() else 0
-    counts = torch.zeros(num, dtype=v.dtype, device=v.device).index_add_(0, inverse, torch.ones_like(v))
-    sums = torch.zeros(num, dtype=v.dtype, device=v.device).index_add_(0, inverse, v)
-    mean = sums / counts
-    centred = v - mean[inverse]
-    sq = torch.zeros(num, dtype=v.dtype, device=v.device).index_add_(0, inverse, centred * centred)
-    denom = (counts - 1.0).clamp_min(1.0) if unbiased else counts
-    std = torch.sqrt(sq / denom)
-    std = torch.where(counts > 1, std, torch.zeros_like(std))
-    return centred / (std[inverse] + eps)
+    num = int(inverse.max().item()) + 1
+
+    def per_group(x: Tensor) -> Tensor:
+        return torch.zeros(num, dtype=x.dtype, device=x.device).index_add_(0, inverse, x)
+
+    lo = torch.full((num,), math.inf, dtype=v.dtype, device=v.device).scatter_reduce(0, inverse, v, "amin")
+    shifted = v - lo[inverse]  # exactly 0 across a constant group; float32 inputs subtract exactly in float64
+    counts = per_group(torch.ones_like(v))
+    centred = shifted - (per_group(shifted) / counts)[inverse]
+    if global_std:
+        rest = v - v.min()
+        std = torch.sqrt(((rest - rest.mean()) ** 2).mean()).expand(num)
+    else:
+        denom = (counts - 1.0).clamp_min(1.0) if unbiased else counts
+        std = torch.sqrt(per_group(centred * centred) / denom)
+    z = centred / (std[inverse] + eps)
+    return torch.where(constant_groups(v, groups), torch.zeros_like(z), z).float()
 
 
 def mix_rewards(
@@ -58,6 +98,7 @@ def mix_rewards(
     groups: Tensor,
     mode: Literal["advantage", "reward"] = "advantage",
     eps: float = 1e-8,
+    global_std: bool = False,
 ) -> Tensor:
     """Combine per-source rewards into one per-sample, group-normalised signal.
 
@@ -67,18 +108,19 @@ def mix_rewards(
         mode: ``"reward"``: z-score of the weighted sum of raw rewards; ``"advantage"``: weighted sum of the
             per-reward z-scores.
         eps: Added to each group's standard deviation.
+        global_std: Divide by the std of all values of the step instead of the group's (see :func:`group_zscore`).
 
     Returns:
-        ``[S]`` fp32 mixed values.
+        ``[S]`` fp32 mixed values; exactly 0 for a group in which every reward source is constant.
     """
     if not scores.scores:
         raise ValueError("mix_rewards: RewardScores holds no reward source")
     if mode == "reward":
-        return group_zscore(scores.weighted_sum(), groups, eps=eps)
+        return group_zscore(scores.weighted_sum(), groups, eps=eps, global_std=global_std)
     if mode == "advantage":
         total: Tensor | None = None
         for name, value in scores.scores.items():
-            term = scores.weights[name] * group_zscore(value, groups, eps=eps)
+            term = scores.weights[name] * group_zscore(value, groups, eps=eps, global_std=global_std)
             total = term if total is None else total + term
         assert total is not None
         return total
