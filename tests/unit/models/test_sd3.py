@@ -16,6 +16,7 @@ from rlpost.models import LoraSpec, ModelDirError, SD3Policy
 from rlpost.models import sd3 as sd3_module
 from rlpost.ops.kernels import EulerODE, FlowGRPOSDE, StepKernel
 from rlpost.ops.schedules import sd3_sigmas
+from tests.tolerances import assert_fp32_close
 
 PROMPTS = ["a photo of a cat", "a red dog"]
 NFE = 5
@@ -114,7 +115,7 @@ def test_encode_is_cached_per_prompt(
 def test_recomputed_log_prob_gives_ratio_one(
     make_sd3_policy: Callable[..., SD3Policy], guidance: float, lora: bool
 ) -> None:
-    """DanceGRPO issue #87 sanity check: before any update, exp(logp_new - logp_old) == 1 exactly."""
+    """DanceGRPO issue #87 sanity check: before any update, exp(logp_new - logp_old) == 1 up to fp32 rounding."""
     # LoRA runs with gradient checkpointing too: recomputation in backward must not change the forward.
     kw: dict[str, Any] = (
         {"lora": LoraSpec(rank=4, alpha=4), "gradient_checkpointing": True} if lora else {"full_finetune": True}
@@ -136,16 +137,16 @@ def test_recomputed_log_prob_gives_ratio_one(
             stored.append((x, s, sn, out.next_latents, out.log_prob))
             x = out.next_latents
     policy.train(True)
-    exact: list[bool] = []
     for x_i, s, sn, nxt, old in stored:
         mean, std = kernel.mean_std(x_i, policy.velocity(x_i, s, cond), s, sn)
         new = kernel.log_prob(nxt, mean, std)
         assert new.requires_grad
         ratio = torch.exp(new - old)
+        # Not bitwise: the recomputation runs with autograd (and checkpointing) on, which may take other kernels.
+        # 1e-6 leaves room for last-bit differences of the forward (bitwise equal on our CPU); a log-prob computed
+        # differently at the two ends (DanceGRPO issue #87: another std or reduction) is off by orders more.
         assert torch.allclose(ratio, torch.ones_like(ratio), rtol=0, atol=1e-6), ratio
-        exact.append(torch.equal(new.detach(), old))
         new.sum().backward()  # gradients flow (through checkpointed blocks for LoRA)
-    assert all(exact)  # on CPU the recomputation is even bitwise identical
 
 
 def test_lora_gradients_only_reach_adapter(make_sd3_policy: Callable[..., SD3Policy]) -> None:
@@ -206,8 +207,11 @@ def test_lora_reference_disables_adapter(make_sd3_policy: Callable[..., SD3Polic
             v_ref = policy.velocity(x, s, policy.encode(PROMPTS))
         v_after = policy.velocity(x, s, policy.encode(PROMPTS))
         v_base = frozen.velocity(x, s, frozen.encode(PROMPTS))
-    assert torch.equal(v_ref, v_base)
-    assert torch.equal(v_after, v_pol) and not torch.allclose(v_pol, v_ref)
+    # Another model instance (and the adapter toggled off) is another code path: equal up to fp32 rounding. An
+    # adapter left on would differ by the perturbed LoRA's effect (1.2 here).
+    assert_fp32_close(v_ref, v_base)
+    assert_fp32_close(v_after, v_pol)
+    assert not torch.allclose(v_pol, v_ref)
 
 
 def test_full_finetune_reference_copy(make_sd3_policy: Callable[..., SD3Policy]) -> None:
@@ -223,7 +227,11 @@ def test_full_finetune_reference_copy(make_sd3_policy: Callable[..., SD3Policy])
         with policy.reference():
             ref = policy.velocity(x, s, cond)
         after = policy.velocity(x, s, cond)
-    assert torch.equal(ref, before) and not torch.allclose(after, before)
+    # The reference is a deep copy, whose weights sit at other memory alignments than the loaded ones, so the CPU
+    # kernels may round differently (issue #11: 2.4e-7 on an AMD EPYC). A reference aliasing the trained weights
+    # would equal `after`, which moved by ~0.4.
+    assert_fp32_close(ref, before)
+    assert not torch.allclose(after, before)
     with pytest.raises(NotImplementedError, match="reference=True"):
         make_sd3_policy(full_finetune=True).reference()
     assert make_sd3_policy().trainable_parameters() == []
