@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -16,6 +17,7 @@ from rlpost.plugins import PluginHost
 from rlpost.recipe import RecipeError, validate
 from rlpost.runner import Runner
 from tests import toy_components
+from tests.tolerances import assert_pixels_close
 from tests.toy_components import toy_recipe
 
 
@@ -70,14 +72,15 @@ def test_eval_writes_every_reward_and_grids(tmp_path, host):
         assert Image.open(run / "grids" / f"step_{step:06d}.png").size[0] >= 128
     assert Image.open(run / "eval" / "step_000000.png").mode == "RGB"
     assert (run / "eval" / "step_000004" / "0001.png").is_file()
-    # Fixed seeds: the step-0 images depend only on the initial weights, not on batch size.
+    # Fixed seeds: the step-0 images depend only on the initial weights, not on batch size (up to one level of
+    # rounding: another batch size may take other float kernels). Noise drawn per batch would differ everywhere.
     again = validate(_cfg(tmp_path / "b", batch_size=2), host)
     again.run.max_steps = 1
     Runner(again, host).run()
     for i in range(2):
-        a = Image.open(run / "eval" / "step_000000" / f"{i:04d}.png").tobytes()
-        b = Image.open(tmp_path / "b" / "run" / "eval" / "step_000000" / f"{i:04d}.png").tobytes()
-        assert a == b
+        a = np.asarray(Image.open(run / "eval" / "step_000000" / f"{i:04d}.png"))
+        b = np.asarray(Image.open(tmp_path / "b" / "run" / "eval" / "step_000000" / f"{i:04d}.png"))
+        assert_pixels_close(a, b)
 
 
 def test_eval_section_problems_are_all_reported(tmp_path, host):

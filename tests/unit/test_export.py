@@ -13,6 +13,7 @@ from rlpost.plugins import PluginHost
 from rlpost.recipe import validate
 from rlpost.runner import Runner
 from tests import toy_components
+from tests.tolerances import assert_pixels_close
 
 PROMPTS = ["a red cube", "a blue sphere"]
 
@@ -72,5 +73,6 @@ def test_sample_cli_reproduces_eval(lora_run, tmp_path, monkeypatch):
     args = ["sample", "--run", str(run), "--out", str(tmp_path / "s"), "--num-steps", "3", "--seed", "5"]
     assert cli.main([*args, "--prompt", PROMPTS[0], "--prompt", PROMPTS[1]]) == 0
     for i, expected in enumerate(_eval_images(run, 2)):
-        assert np.array_equal(np.asarray(Image.open(tmp_path / "s" / f"{i:04d}.png")), expected)
+        # Same noise and sigmas through another entry point: at most one level apart after rounding (fp32 kernels).
+        assert_pixels_close(np.asarray(Image.open(tmp_path / "s" / f"{i:04d}.png")), expected)
     assert cli.main(["export", "--run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "e")]) == 2

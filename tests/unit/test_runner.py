@@ -93,4 +93,6 @@ def test_several_reward_sources_score_concurrently(tmp_path, host):
     runner = Runner(recipe, host)
     runner.setup()
     metrics = runner.step()
-    assert metrics["reward/toy-brightness"] == metrics["reward/toy-brightness-2"]
+    # Two instances of one reward scoring the same images concurrently: equal up to fp32 rounding; scores mixed up
+    # between the threads would differ by the spread of the rewards.
+    assert metrics["reward/toy-brightness"] == pytest.approx(metrics["reward/toy-brightness-2"], rel=1e-6)

@@ -21,6 +21,7 @@ from rlpost.ops.kernels import (
     make_kernel,
 )
 from rlpost.ops.schedules import sd3_sigmas
+from tests.tolerances import assert_fp32_close
 
 SDE_KERNELS = [FlowGRPOSDE(0.7), DanceGRPOSDE(0.3), CPSKernel(0.7)]
 SDE_IDS = [k.name for k in SDE_KERNELS]
@@ -107,7 +108,10 @@ def test_flow_grpo_formula_and_sigma_one() -> None:
     assert torch.isfinite(mean).all() and torch.isfinite(std).all()
     # Flow-GRPO: sigma == 1 uses sigma_max = sigmas[1] in the denominator; default (None) uses sigma_next there.
     mean2, std2 = FlowGRPOSDE(0.7, sigma_max=float(sig[1])).mean_std(x, v, s, sn)
-    assert torch.equal(mean, mean2) and torch.equal(std, std2)
+    # Same values by another code path (a float sigma_max instead of the sigma_next tensor): fp32 rounding apart.
+    # Using sigma_max = 1 or sigma = 1 there instead divides by zero or moves the mean by O(1).
+    assert_fp32_close(mean, mean2)
+    assert_fp32_close(std, std2)
     # independent restatement of algorithms.md 5.2 for the interior rows
     for i in (1, 2):
         si, sni = float(s[i]), float(sn[i])
@@ -155,7 +159,9 @@ def test_euler_matches_diffusers_scheduler_and_has_no_density() -> None:
         out = k.step(ours, v, sig[i : i + 1], sig[i + 1 : i + 2], None)
         ours = out.next_latents
         assert torch.isnan(out.log_prob).all() and bool((out.std == 0).all())
-    assert torch.equal(ours, theirs)
+    # Same formula x + (σ' - σ)·v, computed by two libraries: fp32 rounding apart (docs/models.md does not promise the
+    # kernel bit for bit). An off-by-one sigma moves the result by ~0.1.
+    assert_fp32_close(ours, theirs)
 
 
 def test_rows_with_different_sigmas_equal_separate_calls() -> None:
