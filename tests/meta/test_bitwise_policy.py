@@ -1,0 +1,258 @@
+"""Every bitwise assertion in tests/ relies on a documented guarantee (issue #11: tests must pass on any CPU type).
+
+Float kernels round differently across CPU types and memory alignments (``docs/design.md``, "Determinism"), so a
+test may assert bit-for-bit equality only where the project promises it. This test scans tests/ for bitwise
+comparisons (``torch.equal``, ``np.array_equal``, ``atol=0``, byte or hash comparisons, exact-zero checks, float
+``.tolist() ==``) and fails unless each one is listed in ``ALLOWED`` with the guarantee it relies on; each guarantee
+names the doc that promises it, and that promise must still be written there. Anything else compares with a
+tolerance (``tests/tolerances.py``). Negated comparisons (``not torch.equal``: "this changed") are not bitwise
+claims and are not listed: rounding cannot make them fail.
+
+To add a bitwise assertion: make sure one of ``GUARANTEES`` covers it (or document a new guarantee first), then add
+``(path, stripped line)`` to ``ALLOWED``.
+"""
+
+# ruff: noqa: E501  (ALLOWED quotes source lines verbatim)
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# guarantee -> (doc that promises it, a phrase of that promise, whitespace-normalised)
+GUARANTEES: dict[str, tuple[str, str]] = {
+    "one-machine": (
+        "docs/design.md",
+        "the same computation on the same inputs in one process gives the same bits, so a seed reproduces its random "
+        "draws and a re-run",
+    ),
+    "resume": ("docs/checkpoints.md", "N steps equal k steps + resume + (N−k) steps bitwise on CPU (on one machine"),
+    "no-arithmetic": (
+        "docs/design.md",
+        "Values that are copied, cached, serialised or masked (no float arithmetic between the two sides) and integer "
+        "and boolean tensors are exact everywhere",
+    ),
+    "schedules": (
+        "docs/models.md",
+        "`sd3_sigmas` equals `FlowMatchEulerDiscreteScheduler(shift=s).set_timesteps(T).sigmas` bit for bit",
+    ),
+    "zero-advantage": ("docs/rewards.md", "A singleton or constant group gives **exactly 0**"),
+    "distributed": ("docs/distributed.md", "The result equals the single-rank one exactly"),
+    "log-prob": ("docs/design.md", "keeps the log-prob function identical at both ends"),
+}
+
+# (path, stripped line) -> guarantee. One entry covers every identical line of that file.
+ALLOWED: dict[tuple[str, str], str] = {
+    # integer / boolean tensors
+    (
+        "tests/plugins/dancegrpo/test_dancegrpo.py",
+        "assert torch.equal(plan.trainable.sum(1), torch.full((64,), 5))",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/mixgrpo/test_mixgrpo.py",
+        "assert torch.equal(rollout.trainable, (steps >= expected_start) & (steps < expected_start + 2))",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/treegrpo/test_sampler.py",
+        "assert torch.equal(torch.unique(rollout.edge_step[rollout.trainable]), torch.arange(start, start + depth))",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/treegrpo/test_sampler.py",
+        "assert torch.equal(rollout.children_count()[rollout.sample_node], torch.zeros(c.images, dtype=torch.long))",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/treegrpo/test_sampler.py",
+        "assert torch.equal(torch.bincount(rollout.sample_group), torch.full((g,), trees * k**depth))",
+    ): "no-arithmetic",
+    (
+        "tests/unit/components/test_group_zscore.py",
+        "assert torch.equal(torch.bincount(owner, minlength=6), torch.full((6,), 4))  # every chain has T edges",
+    ): "no-arithmetic",
+    (
+        "tests/unit/test_checkpoint.py",
+        'assert state["step"] == 3 and torch.equal(state["x"], torch.arange(4))',
+    ): "no-arithmetic",
+    # copies, caches, serialisation round trips, masked zeros
+    (
+        "tests/plugins/dancegrpo/test_dancegrpo.py",
+        "assert torch.equal(roots[0], roots[2]) and not torch.equal(roots[0], roots[3])  # init_same_noise per group",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/ddpo/test_ddpo.py",
+        "assert torch.equal(adv.edges[~rollout.trainable], torch.zeros(4))",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/rewards/test_hf_clip_rewards.py",
+        "assert torch.equal(loaded.layers[7].weight, head.layers[7].weight)",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/treegrpo/test_advantage.py",
+        "assert out.edges[~r.trainable].abs().max() == 0  # trunk and tail edges: advantage 0",
+    ): "no-arithmetic",
+    ("tests/plugins/treegrpo/test_advantage.py", "assert total.edges[~r.trainable].abs().max() == 0"): "no-arithmetic",
+    (
+        "tests/unit/models/test_sd3.py",
+        'assert torch.equal(c1.tensors["prompt_embeds"][0], c2.tensors["prompt_embeds"][2])',
+    ): "no-arithmetic",
+    (
+        "tests/unit/models/test_sd3.py",
+        'assert torch.equal(sel.tensors["prompt_embeds"][0], c2.tensors["prompt_embeds"][1])',
+    ): "no-arithmetic",
+    (
+        "tests/unit/test_checkpoint.py",
+        'assert torch.equal(back["optimizer"]["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])',
+    ): "no-arithmetic",
+    ("tests/unit/test_checkpoint.py", 'assert np.array_equal(back["numpy"][1], state["numpy"][1])'): "no-arithmetic",
+    ("tests/unit/test_checkpoint.py", 'assert torch.equal(back["gen"], state["gen"])'): "no-arithmetic",
+    (
+        "tests/unit/test_checkpoint.py",
+        'assert torch.equal(weights["trainable.0000"], torch.ones(2, 3)) and ema is None',
+    ): "no-arithmetic",
+    # the same computation on the same inputs in one process (same seed, same objects)
+    (
+        "tests/plugins/rewards/conftest.py",
+        'assert torch.equal(scores, again), "scores must be deterministic"',
+    ): "one-machine",
+    (
+        "tests/plugins/treegrpo/test_sampler.py",
+        "assert torch.equal(a.states, b.states) and a.stash[WINDOW_START] == b.stash[WINDOW_START]",
+    ): "one-machine",
+    (
+        "tests/unit/digits/test_digits.py",
+        'assert (out / weights).read_bytes() == (tmp_path / "again" / weights).read_bytes()',
+    ): "one-machine",
+    ("tests/unit/models/test_sd3.py", "assert torch.equal(a, b)"): "one-machine",
+    ("tests/unit/models/test_tiny.py", "assert all(torch.equal(a[k], b[k]) for k in a)"): "one-machine",
+    ("tests/unit/ops/test_kernels.py", "assert torch.equal(a.next_latents, b.next_latents)"): "one-machine",
+    ("tests/unit/ops/test_kernels.py", "assert torch.equal(again, nxt)"): "one-machine",
+    # rollout and recomputation share one log-prob function
+    (
+        "tests/unit/ops/test_kernels.py",
+        "assert torch.equal(kernel.log_prob(out.next_latents, out.mean, out.std, reduction), out.log_prob)  # type: ignore[arg-type]",
+    ): "log-prob",
+    # schedules equal diffusers' bit for bit (same arithmetic)
+    ("tests/unit/models/test_sd3.py", "assert torch.equal(policy.sigmas(10), sd3_sigmas(10, 3.0))"): "schedules",
+    ("tests/unit/ops/test_schedules.py", "assert torch.equal(ours, sched.sigmas)"): "schedules",
+    (
+        "tests/unit/ops/test_schedules.py",
+        "assert torch.equal(timesteps_from_sigmas(ours[:-1]), sched.timesteps)",
+    ): "schedules",
+    # constant reward groups give exactly zero advantage
+    (
+        "tests/plugins/treegrpo/test_advantage.py",
+        "assert out.samples[6:].abs().max() == 0  # equal rewards: zero advantage, never NaN",
+    ): "zero-advantage",
+    (
+        "tests/unit/components/test_group_zscore.py",
+        "assert torch.equal(adv.samples[[0, 1, 2, 6, 7, 8]], torch.zeros(6))",
+    ): "zero-advantage",
+    (
+        "tests/unit/components/test_group_zscore.py",
+        "assert torch.equal(adv.edges[edge_sample_ids(rollout) < 3], torch.zeros(6))",
+    ): "zero-advantage",
+    (
+        "tests/unit/ops/test_zscore_properties.py",
+        "assert torch.count_nonzero(out.samples) == 0, (case.name, const, out.samples.abs().max())",
+    ): "zero-advantage",
+    (
+        "tests/unit/ops/test_zscore_properties.py",
+        "assert torch.count_nonzero(out.edges) == 0, (case.name, const, out.edges.abs().max())",
+    ): "zero-advantage",
+    (
+        "tests/unit/ops/test_zscore_properties.py",
+        "assert torch.count_nonzero(out.samples[flat]) == 0, case.name",
+    ): "zero-advantage",
+    (
+        "tests/unit/ops/test_zscore_properties.py",
+        "assert torch.count_nonzero(out.edges[r.node_group[r.edge_child] == 2]) == 0, case.name",
+    ): "zero-advantage",
+    (
+        "tests/unit/ops/test_zscore_properties.py",
+        "assert out.dtype == torch.float32 and torch.count_nonzero(out[:size]) == 0",
+    ): "zero-advantage",
+    # the gathered multi-rank view runs the same arithmetic on the same table
+    ("tests/unit/test_distributed.py", "assert torch.equal(torch.cat(got_edges), ref.edges)"): "distributed",
+    ("tests/unit/test_distributed.py", "assert torch.equal(torch.cat(got_samples), ref.samples)"): "distributed",
+    # N steps = k steps + resume + (N - k) steps
+    ("tests/unit/test_resume.py", 'assert torch.equal(x, y), "weights must be bitwise equal after resume"'): "resume",
+    (
+        "tests/unit/test_resume.py",
+        "assert torch.equal(torch.as_tensor(sa[k][name]), torch.as_tensor(sb[k][name])), name",
+    ): "resume",
+    ("tests/unit/test_resume.py", "assert torch.equal(x, y)"): "resume",
+    ("tests/plugins/ddpo/test_ddpo.py", "assert torch.equal(a, b)"): "resume",
+}
+
+# One bitwise comparison each. A call is found by its name; "not <call>" / "not all(<call>" are skipped per call.
+_CALLS = re.compile(r"\b(?:torch\.equal|np\.array_equal|numpy\.array_equal|assert_array_equal|torch\.count_nonzero)\(")
+_OTHER = [
+    re.compile(r"\batol\s*=\s*0(?:\.0*)?(?![\w.])"),  # assert_close / allclose with atol=0 (rtol=0 alone is fine)
+    re.compile(r"(?:\.tobytes\(\)|\.read_bytes\(\)|\.digest\(\)|\.hexdigest\(\))\s*=="),  # bytes / hash equality
+    re.compile(r"\bhashlib\.\w+\("),
+    re.compile(r"\.abs\(\)\.max\(\)\s*==\s*0\b"),  # exact-zero checks
+    # .tolist() == <float list>; integer / bool literals and list(range(...)) are exact
+    re.compile(r"\.tolist\(\)\s*==\s*(?!\s)(?!pytest\.approx|list\(range|\[\s*(?:True|False|-?\d+)\s*[,\]])"),
+]
+_NEGATED = re.compile(r"\bnot\s+(?:all\(|any\()?$")
+
+
+def _flagged(line: str) -> bool:
+    calls = [m for m in _CALLS.finditer(line) if not _NEGATED.search(line[: m.start()])]
+    return bool(calls) or any(p.search(line) for p in _OTHER)
+
+
+def _bitwise_lines() -> list[tuple[str, int, str]]:
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "tests/meta/test_bitwise_policy.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if _flagged(line):
+                found.append((rel, number, line.strip()))
+    return found
+
+
+def test_every_bitwise_assertion_relies_on_a_documented_guarantee() -> None:
+    unlisted = [f"{path}:{number}: {line}" for path, number, line in _bitwise_lines() if (path, line) not in ALLOWED]
+    assert not unlisted, (
+        "bitwise comparisons without a documented guarantee (use tests/tolerances.py, or add the line to ALLOWED in "
+        "tests/meta/test_bitwise_policy.py with one of GUARANTEES):\n" + "\n".join(unlisted)
+    )
+
+
+def test_allowlist_has_no_stale_entries() -> None:
+    present = {(path, line) for path, _, line in _bitwise_lines()}
+    stale = [f"{path}: {line}" for path, line in ALLOWED if (path, line) not in present]
+    assert not stale, "ALLOWED lists lines that are no longer in tests/ (remove them):\n" + "\n".join(stale)
+
+
+def test_each_guarantee_is_still_promised_by_its_doc() -> None:
+    assert set(ALLOWED.values()) <= set(GUARANTEES)
+    for name, (doc, phrase) in GUARANTEES.items():
+        text = " ".join((ROOT / doc).read_text().split())
+        assert " ".join(phrase.split()) in text, f"guarantee {name!r}: {doc} no longer says {phrase!r}"
+
+
+def test_scanner_sees_what_it_must() -> None:
+    """The patterns catch the usual spellings and skip negations and exact integer lists."""
+    hits = [
+        "assert torch.equal(a, b)",
+        "torch.testing.assert_close(a, b, rtol=0, atol=0)",
+        "assert np.array_equal(x, y)",
+        "assert a.tobytes() == b.tobytes()",
+        "assert out.abs().max() == 0",
+        "assert adv.tolist() == [0.1, 0.2]",
+        "assert not torch.equal(a, b) and torch.equal(c, d)",
+    ]
+    misses = [
+        "assert not torch.equal(a, b)",
+        "assert not all(torch.equal(a[k], c[k]) for k in a)",
+        "torch.testing.assert_close(a, b, rtol=0, atol=1e-6)",
+        "assert fallback.tolist() == [True, False]",
+        "assert idx.tolist() == list(range(10))",
+        "assert adv.tolist() == pytest.approx([0.1, 0.2])",
+    ]
+    assert [line for line in hits if not _flagged(line)] == []
+    assert [line for line in misses if _flagged(line)] == []
