@@ -218,11 +218,8 @@ class ClippedSurrogate(PolicyOptimizer):
                 f"optimizer.init_args.{which}: {steps} optimizer steps per pass but this rank holds only {n_units} "
                 f"{self.accumulation_unit} units (every optimizer step needs at least one)"
             )
-        if self.shuffle:
-            rank = torch.empty(n_units, dtype=torch.long)
-            rank[torch.randperm(n_units, generator=ctx.generator)] = torch.arange(n_units)
-        else:
-            rank = torch.arange(n_units)
+        # rank[u] = position of unit u in this pass (one randperm draw per pass when shuffling).
+        rank = torch.randperm(n_units, generator=ctx.generator) if self.shuffle else torch.arange(n_units)
         edge_rank = rank[inverse]
         order = torch.argsort(edge_rank, stable=True)  # units in (shuffled) order, a unit's edges in rollout order
         ordered_edges, ordered_rank = edges[order], edge_rank[order]
