@@ -391,3 +391,44 @@ def test_report_only_rerenders_from_json(tiny_result: tuple[Path, dict]) -> None
     assert bench.main(["--report-only", str(out)]) == 0
     text = (out / "bench.md").read_text()
     assert "## DanceGRPO / fast ratios" in text and "## Conclusions" in text
+
+
+def test_eval_metrics_keep_every_numeric_eval_key() -> None:
+    """Whatever prompt sets and judges the evaluator reports under eval/, numeric values are kept, others dropped."""
+    metrics = {
+        "eval/r": 1,
+        "eval/heldout/r": 0.5,
+        "eval/judge/clip": 0.25,
+        "eval/flag": True,
+        "eval/per": [1.0],
+        "perf/eval_sec": 3.0,
+    }
+    assert bench.eval_metrics(metrics) == {"eval/r": 1.0, "eval/heldout/r": 0.5, "eval/judge/clip": 0.25}
+
+
+def test_missing_metric_fails_before_training() -> None:
+    spec = bench.BenchSpec(output_dir="unused", base=[], algorithms=[bench.AlgoSpec("a", "A", [])], metric="eval/x")
+    b = bench.Bench(spec, host=PluginHost(), log=lambda msg: None)
+    state: Any = bench.AlgoState(spec.algorithms[0], None, None, None, seed=3)  # type: ignore[arg-type]
+    state.evals.append({"iteration": 0, "train_time_s": 0.0, "eval/r": 0.5})
+    b.algos.append(state)
+    with pytest.raises(RecipeError, match=r"bench.metric: 'eval/x' is not among .*a/seed3.*eval/r"):
+        b._check_metric()
+    spec.metric = "eval/r"
+    b._check_metric()
+
+
+def test_plot_has_one_panel_per_eval_metric(tmp_path: Path) -> None:
+    runs = [
+        _run(n, s, [0, 1, 2], {"eval/r": [0.1, 0.2, 0.3], "eval/judge": [0.3, 0.2, 0.1]}, 1.0)
+        for n in ("a", "b")
+        for s in (0, 1)
+    ]
+    result = _result(runs, ["a"], "b")
+    path = bench.plot_wallclock(result, tmp_path / "p.png")
+    assert path is not None and path.stat().st_size > 1000
+    from PIL import Image
+
+    with Image.open(path) as img:
+        width, height = img.size
+    assert height > width, "two stacked panels"
