@@ -651,7 +651,6 @@ class Bench:
             if seed is not None:
                 pairs.append(("run.seed", str(seed)))
             pairs.append(("run.progress", "false"))
-            where = algo.name if seed is None else run_key(algo.name, seed)
             try:
                 cfg = merge_sources([*self.spec.base, *algo.recipes], pairs)
                 # Evaluation is driven by the bench between steps (untimed); the runner must not evaluate itself.
@@ -664,7 +663,8 @@ class Bench:
                     run_cfg["output_dir"] = str(self.out / run_key(algo.name, used))
                 planned.append((algo, validate(cfg, self.host)))
             except RecipeError as exc:
-                problems += [f"{where}: {p}" for p in exc.problems]
+                # Seeds share an algorithm's recipe, so its problems are listed once.
+                problems += [m for p in exc.problems if (m := f"{algo.name}: {p}") not in problems]
         if problems:
             raise RecipeError(problems)
         self.out.mkdir(parents=True, exist_ok=True)

@@ -432,3 +432,21 @@ def test_plot_has_one_panel_per_eval_metric(tmp_path: Path) -> None:
     with Image.open(path) as img:
         width, height = img.size
     assert height > width, "two stacked panels"
+
+
+def test_build_lists_an_algorithms_problem_once_for_all_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "b.yaml"
+    path.write_text(
+        f"bench: {{output_dir: {tmp_path / 'out'}, base: [recipes/bench/digits/base.yaml], seeds: [0, 1, 2]}}\n"
+        "algorithms:\n"
+        "  - {name: bad, recipes: [recipes/bench/digits/dancegrpo.yaml], overrides: {sampler.colour: red}}\n"
+        "  - {name: good, recipes: [recipes/bench/digits/dancegrpo.yaml]}\n"
+    )
+    spec = bench.load_bench(str(path))
+    with pytest.raises(RecipeError) as info:
+        bench.Bench(spec, host=PluginHost(), log=lambda msg: None).build()
+    problems = info.value.problems
+    assert problems and all(p.startswith("bad: ") for p in problems)
+    assert len(problems) == len(set(problems)) and any("colour" in p for p in problems)
+    assert not (tmp_path / "out").exists(), "nothing is written before every recipe validates"
