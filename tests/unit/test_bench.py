@@ -1,10 +1,13 @@
-"""``rlpost bench``: the tiny bench runs every algorithm once, counts match the cost model, outputs are written."""
+"""``rlpost bench``: the tiny bench runs every algorithm for every seed, counts match the cost model, per-seed results
+are saved and aggregated with intervals, and the report never states a difference the intervals do not support."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +18,8 @@ from rlpost.recipe import RecipeError, merge_sources, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = sorted((ROOT / "recipes" / "bench").glob("*.yaml"))
-ALGOS = {"treegrpo", "dancegrpo", "mixgrpo", "ddpo"}
+TINY_ALGOS = {"treegrpo-paper", "dancegrpo", "mixgrpo", "ddpo"}
+TINY_SEEDS = [0, 1]
 
 
 @pytest.fixture(scope="module")
@@ -37,59 +41,151 @@ def tiny_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 @pytest.mark.slow
 def test_tiny_bench_writes_table_json_and_plot(tiny_result: tuple[Path, dict]) -> None:
     out, result = tiny_result
-    assert set(result["algorithms"]) == ALGOS
+    assert set(result["algorithms"]) == TINY_ALGOS
+    assert set(result["runs"]) == {f"{a}/seed{s}" for a in TINY_ALGOS for s in TINY_SEEDS}
     md = (out / "bench.md").read_text()
-    assert "| TreeGRPO |" in md and "| DanceGRPO |" in md and "s/iter" in md
+    assert "| TreeGRPO | treegrpo-paper (k=2, d=2 at NFE 4) |" in md and "| DanceGRPO | dancegrpo |" in md
+    assert "s/iter" in md and "## Conclusions" in md and "72.0" in md
     assert (out / "reward_vs_wallclock.png").stat().st_size > 1000
+    for key, run in result["runs"].items():
+        assert run["iterations"] == 1
+        assert run["s_per_iter"]["median"] > 0
+        assert run["predicted_s_per_iter"]["total_s"] > 0
+        assert [e["iteration"] for e in run["evals"]] == [0, 1]
+        assert (out / key / "metrics.jsonl").is_file() and (out / key / "report" / "reward_vs_step.png").is_file()
+        assert json.loads((out / key / "bench_run.json").read_text())["seed"] == run["seed"]
+        assert run["seed"] == int(key.rsplit("seed", 1)[1])
     for name, algo in result["algorithms"].items():
-        assert algo["iterations"] == 1
-        assert algo["s_per_iter"]["median"] > 0
-        assert algo["predicted_s_per_iter"]["total_s"] > 0
-        assert [e["iteration"] for e in algo["evals"]] == [0, 1]
-        assert (out / name / "metrics.jsonl").is_file() and (out / name / "report" / "reward_vs_step.png").is_file()
-    assert "speed_ratio" in result["comparisons"] and "time_to_reference_final" in result["comparisons"]
+        assert algo["seeds"] == TINY_SEEDS and algo["s_per_iter"]["n"] == 2, name
+        assert algo["s_per_iter"]["min"] <= algo["s_per_iter"]["mean"] <= algo["s_per_iter"]["max"], name
+    ratio = result["comparisons"]["ratios"]["treegrpo-paper"]
+    assert ratio["paper_s_per_iter"] == pytest.approx(173.5 / 72.0)
+    assert ratio["s_per_iter"]["n_num"] == 2 and ratio["s_per_iter"]["n_den"] == 2
+
+
+@pytest.mark.slow
+def test_seeds_train_differently_from_the_same_start(tiny_result: tuple[Path, dict]) -> None:
+    """Each seed is its own run: same step-0 evaluation (fixed eval seeds, identity LoRA), different training."""
+    _, result = tiny_result
+    for name in TINY_ALGOS:
+        runs = [result["runs"][f"{name}/seed{s}"] for s in TINY_SEEDS]
+        key = result["comparisons"]["metric"]
+        assert runs[0]["evals"][0][key] == runs[1]["evals"][0][key], name
+        assert runs[0]["iters"][0]["reward"] != runs[1]["iters"][0]["reward"], name
 
 
 @pytest.mark.slow
 def test_counted_forwards_equal_the_cost_model(tiny_result: tuple[Path, dict]) -> None:
     _, result = tiny_result
+    for key, run in result["runs"].items():
+        it = run["iters"][0]
+        assert it["rollout_forwards"] == it["predicted"]["rollout_forwards"], key
+        assert it["train_forwards"] == it["predicted"]["train_forwards"], key
+        assert it["images"] == it["predicted"]["images"], key
+        assert it["trainable_edges"] == it["predicted"]["trainable_edges"], key
+        assert run["rollout_forwards"]["all_equal"] and run["train_forwards"]["all_equal"], key
     for name, algo in result["algorithms"].items():
-        it = algo["iters"][0]
-        assert it["rollout_forwards"] == it["predicted"]["rollout_forwards"], name
-        assert it["train_forwards"] == it["predicted"]["train_forwards"], name
-        assert it["images"] == it["predicted"]["images"], name
-        assert it["trainable_edges"] == it["predicted"]["trainable_edges"], name
         assert algo["rollout_forwards"]["all_equal"] and algo["train_forwards"]["all_equal"], name
+
+
+def _progressive_window_available() -> bool:
+    from rlpost_treegrpo.sampler import TreeSampler
+
+    return "shift_interval" in inspect.signature(TreeSampler.__init__).parameters
 
 
 @pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.name)
 def test_bench_recipes_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every algorithm of every bench recipe validates (no model loads), all share NFE, LR and eval settings."""
+    """Every algorithm of every bench recipe validates (no model loads); all share NFE, LR and eval settings.
+
+    ``treegrpo-code`` needs the tree sampler's progressive window; until it exists that one overlay is skipped (the
+    others are still checked) and the test reports the skip.
+    """
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
     spec = bench.load_bench(str(path))
-    assert {a.name for a in spec.algorithms} == ALGOS
+    assert {"treegrpo-paper", "dancegrpo", "mixgrpo", "ddpo"} <= {a.name for a in spec.algorithms}
+    assert spec.seeds is not None and len(spec.seeds) >= 2
     host = PluginHost()
-    configs = []
+    configs: dict[str, dict[str, Any]] = {}
+    skipped = []
     for algo in spec.algorithms:
+        if algo.name == "treegrpo-code" and not _progressive_window_available():
+            skipped.append(algo.name)
+            continue
         pairs = [(k, json.dumps(v)) for k, v in {**spec.overrides, **algo.overrides}.items()]
-        configs.append(validate(merge_sources([*spec.base, *algo.recipes], pairs), host).config)
-    for key in ("model", "torch_optimizer", "eval", "rewards", "prompts"):
-        assert all(c[key] == configs[0][key] for c in configs), key
+        configs[algo.name] = validate(merge_sources([*spec.base, *algo.recipes], pairs), host).config
+    first = next(iter(configs.values()))
+    for key in ("model", "eval", "rewards", "prompts"):
+        assert all(c[key] == first[key] for c in configs.values()), key
+    assert {c["torch_optimizer"]["init_args"]["lr"] for c in configs.values()} == {2.0e-3}
     if path.name == "digits.yaml":
-        assert {c["sampler"]["init_args"]["num_steps"] for c in configs} == {10}
-        tree = next(c for c in configs if c["sampler"]["class_path"].endswith("TreeSampler"))["sampler"]["init_args"]
-        assert (tree["k"], tree["depth"], tree["ratio"]) == (3, 3, 0.5)
+        assert spec.seeds == [0, 1, 2] and spec.reference == "dancegrpo"
+        assert spec.fast_names == ["treegrpo-paper", "treegrpo-code"]
+        # 5 algorithms x 3 seeds within ~30 minutes on 2 cores: the per-run training budget stays short.
+        assert spec.time_budget_s is not None and len(spec.algorithms) * len(spec.seeds) * spec.time_budget_s <= 1500
+        assert {c["sampler"]["init_args"]["num_steps"] for c in configs.values()} == {10}
+        tree = configs["treegrpo-paper"]["sampler"]["init_args"]
+        assert (tree["k"], tree["depth"], tree["window"], tree["ratio"]) == (3, 3, "geometric", 0.5)
+        assert spec.paper["s_per_iter"]["values"] == {
+            "treegrpo-paper": 72.0,
+            "dancegrpo": 173.5,
+            "mixgrpo": 145.4,
+            "ddpo": 166.1,
+            "treegrpo-code": 59.6,
+        }
+        if "treegrpo-code" in configs:
+            code = configs["treegrpo-code"]
+            s = code["sampler"]["init_args"]
+            assert (s["k"], s["depth"], s["window"], s["shift_interval"], s["stride"]) == (2, 4, "progressive", 50, 1)
+            assert code["advantage"]["init_args"]["weights"] == "uniform"
+            assert code["optimizer"]["init_args"]["optimizer_steps"] == 2
+            assert code["torch_optimizer"]["init_args"]["weight_decay"] == 1.0e-4
+    if skipped:
+        pytest.skip(f"{path.name}: {skipped} need the tree sampler's window: progressive (not in this checkout)")
 
 
 def test_load_bench_reports_every_problem(tmp_path: Path) -> None:
     path = tmp_path / "b.yaml"
-    path.write_text("bench: {colour: red, reference: nope, schedule: random}\nalgorithms: [{name: a}, {name: a}]\n")
+    path.write_text(
+        "bench: {colour: red, reference: nope, schedule: random, seeds: [0, 0], fast: [a, zz], metric: reward}\n"
+        "algorithms: [{name: a, colour: blue}, {name: a}]\n"
+        "paper: {s_per_iter: {values: {zz: 1.0, a: -3}}, colour: 1}\n"
+        "extra: 1\n"
+    )
     with pytest.raises(RecipeError) as info:
         bench.load_bench(str(path))
     text = str(info.value)
-    for needle in ("bench.colour", "bench.reference", "bench.schedule", "unique"):
-        assert needle in text
+    for needle in (
+        "bench.colour",
+        "bench.reference",
+        "bench.schedule",
+        "unique",
+        "bench.seeds",
+        "bench.fast: 'zz'",
+        "bench.metric",
+        "algorithms[0]: unknown keys ['colour']",
+        "paper.s_per_iter.values.zz",
+        "paper.s_per_iter.values.a: expected a positive number",
+        "paper.colour",
+        "extra: unknown top-level key",
+    ):
+        assert needle in text, needle
+
+
+def test_load_bench_seeds(tmp_path: Path) -> None:
+    path = tmp_path / "b.yaml"
+    path.write_text("bench: {num_seeds: 3}\nalgorithms: [{name: a}]\n")
+    assert bench.load_bench(str(path)).seeds == [0, 1, 2]
+    assert bench.load_bench(str(path), [("bench.seeds", "[4, 7]"), ("bench.num_seeds", "null")]).seeds == [4, 7]
+    path.write_text("bench: {}\nalgorithms: [{name: a}]\n")
+    assert bench.load_bench(str(path)).seeds is None
+    path.write_text("bench: {seeds: [1], num_seeds: 2}\nalgorithms: [{name: a}]\n")
+    with pytest.raises(RecipeError, match="not both"):
+        bench.load_bench(str(path))
+    path.write_text("bench: {num_seeds: 0}\nalgorithms: [{name: a}]\n")
+    with pytest.raises(RecipeError, match="bench.num_seeds"):
+        bench.load_bench(str(path))
 
 
 def test_calibration_interpolates_in_log_batch() -> None:
@@ -100,34 +196,192 @@ def test_calibration_interpolates_in_log_batch() -> None:
     assert calib.per_row("forward", 100) == 1.0
 
 
-def test_comparisons_equal_iterations_and_wall_time() -> None:
-    def algo(times: list[float], values: list[float], s_iter: float, pred: float) -> dict:
-        evals = [
-            {"iteration": 2 * i, "train_time_s": t, "eval/r": v}
-            for i, (t, v) in enumerate(zip(times, values, strict=True))
-        ]
-        return {
-            "evals": evals,
-            "train_time_s": times[-1],
-            "s_per_iter": {"median": s_iter},
-            "predicted_s_per_iter": {"total_s": pred},
-            "rollout_forwards": {"counted_mean": 10.0},
-            "train_forwards": {"counted_mean": 2.0},
-        }
+# ------------------------------------------------------------------------------ aggregation (synthetic runs)
 
-    result = {
-        "algorithms": {
-            "fast": algo([0, 2, 4, 6], [0.5, 0.7, 0.8, 0.9], 1.0, 1.0),
-            "ref": algo([0, 4, 8], [0.5, 0.6, 0.75], 2.0, 2.2),
-        }
+
+def _run(name: str, seed: int, times: list[float], values: dict[str, list[float]], s_iter: float) -> dict[str, Any]:
+    evals = [
+        {"iteration": 5 * i, "train_time_s": t, **{k: v[i] for k, v in values.items()}} for i, t in enumerate(times)
+    ]
+    phases = dict.fromkeys(bench.PHASES, 0.1)
+    return {
+        "algorithm": name,
+        "seed": seed,
+        "label": name.upper(),
+        "preset": f"{name}-preset",
+        "train_rewards": ["r"],
+        "iterations": 5 * (len(times) - 1),
+        "train_time_s": times[-1],
+        "s_per_iter": {"median": s_iter},
+        "images_per_iter": 8.0,
+        "trainable_edges_per_iter": 10.0,
+        "rollout_forwards": {
+            "counted_mean": 10.0,
+            "predicted_mean": 10.0,
+            "predicted_expected": 10.0,
+            "all_equal": True,
+        },
+        "train_forwards": {"counted_mean": 2.0, "predicted_mean": 2.0, "all_equal": True},
+        "phases_mean_s": phases,
+        "overhead_s": 0.05,
+        "overhead_fraction": 0.05,
+        "predicted_s_per_iter": {
+            "total_s": s_iter,
+            "rollout_forward_s": s_iter,
+            "train_fwd_bwd_s": 0.0,
+            "decode_reward_s": 0.0,
+            "rollout_batch": 8.0,
+            "train_batch": 2.0,
+        },
+        "peak_mem_gb": None,
+        "evals": evals,
+        "iters": [{"wall_s": s_iter}],
     }
-    comp = bench.comparisons(result, "fast", "ref")
-    assert comp["equal_iterations"] == {"iteration": 4, "heldout": {"fast": 0.8, "ref": 0.75}}
+
+
+def _result(runs: list[dict[str, Any]], fast: list[str], reference: str, paper: dict | None = None) -> dict[str, Any]:
+    names = list(dict.fromkeys(r["algorithm"] for r in runs))
+    result: dict[str, Any] = {
+        "spec": {
+            "seeds": sorted({r["seed"] for r in runs}),
+            "schedule": "least-time",
+            "time_budget_s": 6.0,
+            "max_iterations": 400,
+            "fast": fast,
+            "reference": reference,
+            "metric": None,
+            "eval_every": 5,
+            "bootstrap": {"resamples": 2000, "confidence": 0.95, "seed": 0},
+            "algorithms": [{"name": n} for n in names],
+            "paper": paper or {},
+        },
+        "runs": {f"{r['algorithm']}/seed{r['seed']}": r for r in runs},
+    }
+    result["algorithms"] = bench.aggregate(result)
+    result["comparisons"] = bench.comparisons(result)
+    return result
+
+
+def test_aggregate_over_seeds_equal_iterations_wall_time_levels_and_ratios() -> None:
+    # Two evaluation keys (a training-reward metric and a judge): both are reported, levels use eval/r.
+    runs = []
+    for seed, (jit, jit_t) in enumerate([(0.00, 0.0), (0.01, 0.1), (-0.01, -0.1)]):
+        runs.append(
+            _run(
+                "fast",
+                seed,
+                [0, 2 + jit_t, 4, 6],
+                {"eval/r": [0.5, 0.7 + jit, 0.8 + jit, 0.9], "eval/judge": [0.1, 0.2, 0.3, 0.4]},
+                1.0 + jit,
+            )
+        )
+        runs.append(
+            _run(
+                "ref",
+                seed,
+                [0, 4, 8, 12],
+                {"eval/r": [0.5, 0.6, 0.75 + jit, 0.7], "eval/judge": [0.1, 0.1, 0.1, 0.1]},
+                2.0 + jit,
+            )
+        )
+    paper = {"s_per_iter": {"values": {"fast": 72.0, "ref": 173.5}, "notes": {}, "source": "T1"}}
+    result = _result(runs, ["fast"], "ref", paper)
+    comp, algos = result["comparisons"], result["algorithms"]
+    assert comp["eval_keys"] == ["eval/judge", "eval/r"] and comp["metric"] == "eval/r"
+    assert algos["fast"]["seeds"] == [0, 1, 2] and algos["fast"]["s_per_iter"]["mean"] == pytest.approx(1.0)
+    assert algos["fast"]["paper_s_per_iter"] == 72.0
+    # Equal iterations: the largest iteration every run evaluated (15); equal wall time: the shortest run (6 s).
+    assert comp["equal_iterations"]["iteration"] == 15
+    assert comp["equal_iterations"]["heldout"]["eval/r"]["fast"]["mean"] == pytest.approx(0.9)
     assert comp["equal_wall_time"]["train_time_s"] == 6
-    assert comp["equal_wall_time"]["heldout"]["ref"]["value"] == 0.6
-    assert comp["speed_ratio"]["measured"] == 2.0 and comp["speed_ratio"]["predicted"] == pytest.approx(2.2)
-    reach = comp["time_to_reference_final"]
-    assert reach["fast_reached_at_s"] == 4 and reach["fraction_of_reference_time"] == 0.5
+    assert comp["equal_wall_time"]["heldout"]["eval/r"]["ref"]["mean"] == pytest.approx(0.6)
+    assert comp["equal_wall_time"]["iterations"]["ref"] == [5, 5, 5]
+    assert comp["equal_wall_time"]["heldout"]["eval/judge"]["fast"]["mean"] == pytest.approx(0.4)
+    # Levels: ref's per-seed bests 0.75, 0.76, 0.74 -> 0.74; finals all 0.7.
+    best = comp["levels"]["best"]
+    assert best["level"] == pytest.approx(0.74)
+    assert best["by_algorithm"]["ref"]["times_s"] == [8, 8, 8]
+    assert best["by_algorithm"]["fast"]["times_s"] == [4, 4, 4]
+    assert comp["levels"]["final"]["level"] == pytest.approx(0.7)
+    ratio = comp["ratios"]["fast"]
+    assert ratio["s_per_iter"]["mean"] == pytest.approx(2.0)
+    assert ratio["s_per_iter_vs_1"] == "separated"
+    assert ratio["paper_s_per_iter"] == pytest.approx(173.5 / 72.0)
+    assert ratio["s_per_iter_vs_paper"] == "separated"
+    assert ratio["time_to_level"]["best"]["mean"] == pytest.approx(2.0)
+    assert "FAST [fast-preset] faster than REF [ref-preset] (separated)" in " ".join(comp["conclusions"])
+    md = bench.markdown(
+        {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
+    )
+    assert "### `eval/judge`" in md and "### `eval/r`" in md
+    assert "| FAST | fast-preset |" in md and "2.41x" in md and "excludes 2.41 (below)" in md
+
+
+def test_overlapping_seeds_are_reported_not_separated_and_unreached_levels_honestly() -> None:
+    runs = []
+    for seed, (a, b) in enumerate([(1.0, 1.3), (1.2, 1.5), (1.4, 1.7)]):
+        # "slow" never reaches ref's best in seed 2.
+        runs.append(_run("slow", seed, [0, 5, 10], {"eval/r": [0.5, 0.6, 0.8 if seed < 2 else 0.65]}, a))
+        runs.append(_run("ref", seed, [0, 5, 10], {"eval/r": [0.5, 0.7, 0.75]}, b))
+    result = _result(runs, ["slow"], "ref")
+    comp = result["comparisons"]
+    text = "\n".join(comp["conclusions"])
+    assert "s/iter: SLOW [slow-preset] vs REF [ref-preset] not separated" in text
+    assert "faster" not in text and "slower" not in text
+    assert "not reached in 1 of 3 seeds" in text
+    lv = comp["levels"]["best"]["by_algorithm"]["slow"]
+    assert lv["reached"] == 2 and lv["times_s"][2] is None and lv["iterations"][2] is None
+    assert "not_reached" in comp["ratios"]["slow"]["time_to_level"]["best"]
+    md = bench.markdown(
+        {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
+    )
+    assert "not reached" in md and "not separated" in md
+    # The ratio's own interval may exclude 1 while the two intervals overlap: shown, but not stated as a difference.
+    assert "excludes 1.00 (above)" in md
+
+
+def test_report_only_reads_a_single_seed_bench_json(tmp_path: Path) -> None:
+    """A bench.json from before seeds (no ``runs``; ``algorithms`` are single runs) re-renders as n=1 per algorithm."""
+    legacy = {}
+    for name, s_iter in (("a", 1.0), ("b", 2.0)):
+        run = _run(name, 0, [0, 1, 2], {"eval/r": [0.1, 0.2, 0.3]}, s_iter)
+        legacy[name] = {k: v for k, v in run.items() if k not in ("algorithm", "seed", "preset", "train_rewards")}
+    old = {
+        "machine": _machine(),
+        "calibration": _calib(),
+        "bench_wall_s": 1.0,
+        "peak_rss_gb_process": 1.0,
+        "spec": {
+            "schedule": "least-time",
+            "time_budget_s": 2.0,
+            "max_iterations": 9,
+            "eval_every": 5,
+            "fast": "a",
+            "reference": "b",
+            "algorithms": [{"name": "a"}, {"name": "b"}],
+        },
+        "algorithms": legacy,
+    }
+    (tmp_path / "bench.json").write_text(json.dumps(old))
+    assert bench.main(["--report-only", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert set(result["runs"]) == {"a/seed0", "b/seed0"}
+    assert result["algorithms"]["a"]["s_per_iter"]["n"] == 1
+    assert result["comparisons"]["ratios"]["a"]["s_per_iter"]["mean"] == pytest.approx(2.0)
+    assert "| A | a |" in (tmp_path / "bench.md").read_text()
+
+
+def _machine() -> dict[str, Any]:
+    return {"platform": "test", "nproc": 2, "torch_threads": 2, "torch": "x", "cuda": False}
+
+
+def _calib() -> dict[str, Any]:
+    return {
+        "batch_sizes": [1],
+        "forward_s_per_row": [0.1],
+        "fwd_bwd_s_per_row": [0.2],
+        "decode_reward_s_per_image": 0.01,
+    }
 
 
 @pytest.mark.slow
@@ -135,4 +389,64 @@ def test_report_only_rerenders_from_json(tiny_result: tuple[Path, dict]) -> None
     out, _ = tiny_result
     (out / "bench.md").unlink()
     assert bench.main(["--report-only", str(out)]) == 0
-    assert "## Targets" in (out / "bench.md").read_text()
+    text = (out / "bench.md").read_text()
+    assert "## DanceGRPO / fast ratios" in text and "## Conclusions" in text
+
+
+def test_eval_metrics_keep_every_numeric_eval_key() -> None:
+    """Whatever prompt sets and judges the evaluator reports under eval/, numeric values are kept, others dropped."""
+    metrics = {
+        "eval/r": 1,
+        "eval/heldout/r": 0.5,
+        "eval/judge/clip": 0.25,
+        "eval/flag": True,
+        "eval/per": [1.0],
+        "perf/eval_sec": 3.0,
+    }
+    assert bench.eval_metrics(metrics) == {"eval/r": 1.0, "eval/heldout/r": 0.5, "eval/judge/clip": 0.25}
+
+
+def test_missing_metric_fails_before_training() -> None:
+    spec = bench.BenchSpec(output_dir="unused", base=[], algorithms=[bench.AlgoSpec("a", "A", [])], metric="eval/x")
+    b = bench.Bench(spec, host=PluginHost(), log=lambda msg: None)
+    state: Any = bench.AlgoState(spec.algorithms[0], None, None, None, seed=3)  # type: ignore[arg-type]
+    state.evals.append({"iteration": 0, "train_time_s": 0.0, "eval/r": 0.5})
+    b.algos.append(state)
+    with pytest.raises(RecipeError, match=r"bench.metric: 'eval/x' is not among .*a/seed3.*eval/r"):
+        b._check_metric()
+    spec.metric = "eval/r"
+    b._check_metric()
+
+
+def test_plot_has_one_panel_per_eval_metric(tmp_path: Path) -> None:
+    runs = [
+        _run(n, s, [0, 1, 2], {"eval/r": [0.1, 0.2, 0.3], "eval/judge": [0.3, 0.2, 0.1]}, 1.0)
+        for n in ("a", "b")
+        for s in (0, 1)
+    ]
+    result = _result(runs, ["a"], "b")
+    path = bench.plot_wallclock(result, tmp_path / "p.png")
+    assert path is not None and path.stat().st_size > 1000
+    from PIL import Image
+
+    with Image.open(path) as img:
+        width, height = img.size
+    assert height > width, "two stacked panels"
+
+
+def test_build_lists_an_algorithms_problem_once_for_all_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "b.yaml"
+    path.write_text(
+        f"bench: {{output_dir: {tmp_path / 'out'}, base: [recipes/bench/digits/base.yaml], seeds: [0, 1, 2]}}\n"
+        "algorithms:\n"
+        "  - {name: bad, recipes: [recipes/bench/digits/dancegrpo.yaml], overrides: {sampler.colour: red}}\n"
+        "  - {name: good, recipes: [recipes/bench/digits/dancegrpo.yaml]}\n"
+    )
+    spec = bench.load_bench(str(path))
+    with pytest.raises(RecipeError) as info:
+        bench.Bench(spec, host=PluginHost(), log=lambda msg: None).build()
+    problems = info.value.problems
+    assert problems and all(p.startswith("bad: ") for p in problems)
+    assert len(problems) == len(set(problems)) and any("colour" in p for p in problems)
+    assert not (tmp_path / "out").exists(), "nothing is written before every recipe validates"
