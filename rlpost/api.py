@@ -186,14 +186,36 @@ class Sampler(Component):
 
     Owning both ``rollout`` and ``evaluate`` means the kernel used to sample and the kernel used for the
     importance ratio cannot drift apart (DanceGRPO issue #87).
+
+    A training step calls :meth:`begin_step` exactly once, then :meth:`rollout` once per share of the step's prompt
+    groups (the whole batch in one process; one call per group under ``distributed``, see ``rlpost/sharding.py``).
+    Whatever a sampler decides once per step (a window position, a progressive schedule, a draw shared by every
+    group) belongs in :meth:`begin_step`; :meth:`rollout` then uses only its ``generator``, which is per group.
     """
 
     kind: ClassVar[str] = "sampler"
     provides: ClassVar[frozenset[str]] = frozenset()
 
+    def begin_step(self, step: int, generator: torch.Generator) -> None:  # noqa: B027 - optional, no-op default
+        """Set this training step's per-step state, before any :meth:`rollout` of the step. Default: nothing.
+
+        Called exactly once per training step whatever the number of ranks and prompt groups, so per-step state
+        advances once per step. ``generator`` is a fresh stateless function of ``(run.seed, step)``, identical on
+        every rank: draws made from it are shared by all groups and ranks of the step. State kept across steps must
+        be in :meth:`state_dict` (or be a function of ``step``) so that a resumed run continues the same sequence.
+
+        Args:
+            step: Index of the training step about to run (0-based; equals the number of completed steps).
+            generator: The step's CPU generator.
+        """
+
     @abstractmethod
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
-        """Sample images for ``batch``, recording nodes, edges and old log-probs. Runs under ``torch.no_grad``."""
+        """Sample images for ``batch``, recording nodes, edges and old log-probs. Runs under ``torch.no_grad``.
+
+        ``generator`` drives this batch's noise only; with several calls per step (one per group under
+        ``distributed``) each call gets its own, so nothing drawn here may be meant to be shared by the whole step.
+        """
 
     @abstractmethod
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:

@@ -563,7 +563,7 @@ def nominal_batches(recipe: Recipe, counts: StepCounts) -> tuple[float, float]:
 
 
 def predicted_counts(recipe: Recipe) -> dict[str, float]:
-    """Closed-form counts for the next iteration (MixGRPO's depend on its current window, so call before the step).
+    """Closed-form counts of an iteration (MixGRPO's depend on the window its ``begin_step`` set, so call after it).
 
     ``rollout_forwards_expected`` is the mean over TreeGRPO's window law (equal to ``rollout_forwards`` for chains).
     """
@@ -711,7 +711,6 @@ class Bench:
     def _step(self, state: AlgoState) -> None:
         runner = state.runner
         policy: Any = state.policy
-        pred = predicted_counts(state.recipe)  # before the step: MixGRPO's window moves during the rollout
         state.timer.reset()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
@@ -721,6 +720,7 @@ class Bench:
         if runner.device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+        pred = predicted_counts(state.recipe)  # after the step: MixGRPO's counts follow the window its begin_step set
         after = int(getattr(policy, "forward_count", 0))
         mid = self.probe.after_rollout.get(id(runner.ctx), before)
         start = self.probe.window_start.get(id(runner.ctx))

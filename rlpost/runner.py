@@ -115,7 +115,7 @@ class Runner:
         self.stream: PromptStream | None = None
         self.backend: LocalBackend | DeepSpeedBackend | None = None
         self.world: World | None = None
-        self.shard: LocalSharding | GroupSharding = LocalSharding(self.rollout_gen, self.minibatch_gen)
+        self.shard: LocalSharding | GroupSharding = LocalSharding(self.seed, self.rollout_gen, self.minibatch_gen)
         self.guards = Guards(recipe.guards)
         self.ema: EMA | None = None
         self.evaluator: Evaluator | None = None
@@ -207,7 +207,7 @@ class Runner:
                 UserWarning,
                 stacklevel=2,
             )
-            self.seed = stored_seed
+            self.seed = self.shard.seed = stored_seed
         return info
 
     # ------------------------------------------------------------------------------------------------- steps

@@ -3,9 +3,13 @@
 * **Prompt order is global.** Every rank advances the same seeded :class:`~rlpost.prompts.PromptStream` by
   ``run.groups_per_step`` groups and keeps its contiguous slice (``PromptBatch.group_offset`` = the global index of
   its first group within the step).
+* **Per-step state is set once per step.** Before any rollout of step ``t``, every rank calls
+  :meth:`Sampler.begin_step <rlpost.api.Sampler.begin_step>` once with a generator seeded from ``(seed, stream 3,
+  t)``: what a sampler draws or advances once per step (a tree's window start, MixGRPO's window position) is the
+  same on every rank and for every group, and advances once per step whatever the rank and group counts.
 * **Rollout noise is per group.** Group ``g`` (global index within step ``t``) is sampled alone with a generator
-  seeded from ``(seed, stream 1, t, g)``, so its initial noise, SDE noise and any per-rollout draw (a tree's window
-  start) are the same whichever rank samples it and however many groups that rank holds.
+  seeded from ``(seed, stream 1, t, g)``, so its initial noise, SDE noise and per-sample draws (DanceGRPO's trained
+  steps) are the same whichever rank samples it and however many groups that rank holds.
 * **Minibatch shuffling** uses a generator seeded from ``(seed, stream 2, t, rank)``: it only decides which of this
   rank's edges share a forward, which does not change a one-optimizer-step update.
 * **Advantages are computed on the gathered view**: every rank contributes a skeleton of its rollout (node/edge/sample
@@ -14,8 +18,9 @@
   normalised as one) and each rank slices back its own edges and samples.
 
 All streams are stateless functions of the step, so a checkpoint resumes on any number of ranks.
-:class:`LocalSharding` is the single-process behaviour (one stateful generator per stream), kept unchanged for runs
-without a ``distributed`` section.
+:class:`LocalSharding` is the single-process behaviour: the same per-step generator (so per-step state matches the
+sharded path), then one rollout of the whole batch with the run's stateful rollout generator (stream 1), and the
+stateful minibatch generator (stream 2).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ __all__ = [
     "GroupSharding",
     "GroupView",
     "LocalSharding",
+    "begin_step",
     "derived_generator",
     "gather_view",
     "merge_rollouts",
@@ -47,6 +53,7 @@ __all__ = [
 # Stream offsets (shared with rlpost.runner's single-process streams).
 STREAM_ROLLOUT = 1
 STREAM_MINIBATCH = 2
+STREAM_STEP = 3  # per-step sampler state (Sampler.begin_step), on every path
 
 GatherFn = Callable[[Any], list[Any]]
 
@@ -56,6 +63,14 @@ def derived_generator(seed: int, stream: int, step: int, index: int) -> torch.Ge
     neighbouring steps or groups get unrelated streams)."""
     entropy = np.random.SeedSequence([seed % 2**63, stream, step, index]).generate_state(2, dtype=np.uint32)
     return torch.Generator().manual_seed(int(entropy[0]) << 32 | int(entropy[1]))
+
+
+def begin_step(sampler: Sampler, seed: int, step: int) -> None:
+    """Call ``sampler.begin_step`` for ``step`` with the step's generator ``(seed, STREAM_STEP, step, 0)``.
+
+    The generator depends on neither the rank nor the groups, so every rank sets the same per-step state.
+    """
+    sampler.begin_step(step, derived_generator(seed, STREAM_STEP, step, 0))
 
 
 # ---------------------------------------------------------------------------------------------- rollout tables
@@ -225,9 +240,10 @@ def reduce_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 class LocalSharding:
-    """One process: the stream's next groups, one rollout with the run's rollout generator (unchanged behaviour).
+    """One process: the stream's next groups, one rollout of them all with the run's rollout generator.
 
     Args:
+        seed: The run's root seed (for the per-step generator, as in :class:`GroupSharding`).
         rollout_gen: The run's stateful rollout generator (stream 1).
         minibatch_gen: The run's stateful minibatch generator (stream 2).
     """
@@ -235,7 +251,8 @@ class LocalSharding:
     rank = 0
     world_size = 1
 
-    def __init__(self, rollout_gen: torch.Generator, minibatch_gen: torch.Generator) -> None:
+    def __init__(self, seed: int, rollout_gen: torch.Generator, minibatch_gen: torch.Generator) -> None:
+        self.seed = seed
         self.rollout_gen = rollout_gen
         self.minibatch_gen = minibatch_gen
 
@@ -244,7 +261,11 @@ class LocalSharding:
         return stream.next_batch(groups, samples_per_group)
 
     def rollout(self, sampler: Sampler, policy: Policy, batch: PromptBatch, step: int) -> Rollout:
-        """One rollout of the whole batch."""
+        """Step ``step``'s rollout: :func:`begin_step` once, then one rollout of the whole batch.
+
+        Call once per training step: it advances the sampler's per-step state.
+        """
+        begin_step(sampler, self.seed, step)
         return sampler.rollout(policy, batch, self.rollout_gen)
 
     def minibatch_generator(self, step: int) -> torch.Generator:
@@ -297,7 +318,12 @@ class GroupSharding:
         )
 
     def rollout(self, sampler: Sampler, policy: Policy, batch: PromptBatch, step: int) -> Rollout:
-        """Sample each group alone with its own ``(seed, step, global group)`` generator, then merge."""
+        """Step ``step``'s rollout: :func:`begin_step` once, then each group alone with its own ``(seed, step, global
+        group)`` generator, merged.
+
+        Call once per training step: it advances the sampler's per-step state.
+        """
+        begin_step(sampler, self.seed, step)
         parts = []
         for j in range(batch.num_groups):
             g = batch.group_offset + j

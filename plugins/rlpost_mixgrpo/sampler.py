@@ -3,8 +3,10 @@ run_sample_step``; algorithms.md 6.2-6.4) on the rlpost chain core.
 
 Each chain runs the ODE outside a sliding window and Flow-GRPO's SDE (``--flow_grpo_sampling``, noise level
 ``a = 0.7``, algorithms.md 5.2/6.3) inside it; only window steps are trained. The window moves across iterations
-(:class:`~rlpost_mixgrpo.window.WindowScheduler`). MixGRPO-Flash replaces the ODE steps after the window by fewer
-steps of multistep DPM-Solver++ (order 2) on a fresh time-shifted schedule (algorithms.md 6.4):
+(:class:`~rlpost_mixgrpo.window.WindowScheduler`), advanced in :meth:`MixGRPOSampler.begin_step` once per training
+step, so every rollout of a step (one per prompt group under ``distributed``) uses the same window. MixGRPO-Flash
+replaces the ODE steps after the window by fewer steps of multistep DPM-Solver++ (order 2) on a fresh time-shifted
+schedule (algorithms.md 6.4):
 ``R = T - end`` remaining steps become ``max(1, floor(R · compress_ratio))`` steps from ``σ_end`` to 0.
 
 The last step always lies outside the window (windows end before ``T - 2``), so it is deterministic and lands on
@@ -164,8 +166,12 @@ class MixGRPOSampler(Sampler):
         return end + max(1, math.floor((self.num_steps - end) * self.compress_ratio))
 
     # --------------------------------------------------------------------------------------------- sampling
+    def begin_step(self, step: int, generator: torch.Generator) -> None:
+        """Bring the window scheduler to ``step`` (one iteration per training step; no random draw)."""
+        self.scheduler.advance_to(step)
+
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
-        """Sample every chain with the current window, then advance the window scheduler by one iteration."""
+        """Sample every chain with the step's window (the scheduler is not advanced here: see :meth:`begin_step`)."""
         s = batch.num_groups * batch.samples_per_group
         window = self.scheduler.window()
         sigmas, kinds = self.schedule(policy.sigmas(self.num_steps), window)
@@ -177,7 +183,6 @@ class MixGRPOSampler(Sampler):
         )
         rollout = run_chains(policy, batch, generator, plan, noise, self.chunk_size, self.logprob_reduction)
         rollout.stats["sampler/window_start"] = float(window[0])
-        self.scheduler.advance()
         return rollout
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
@@ -185,7 +190,8 @@ class MixGRPOSampler(Sampler):
         return evaluate_edges(policy, rollout, edges, self._kernels, self.logprob_reduction)
 
     def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
-        """For the window the next rollout uses: ``S·w`` trained edges and ``S·steps_for(window)`` rollout forwards."""
+        """For the scheduler's current window (the running step's, or the last step's between steps): ``S·w``
+        trained edges and ``S·steps_for(window)`` rollout forwards."""
         s = num_groups * samples_per_group
         window = self.scheduler.window()
         edges = s * (window[1] - window[0])
@@ -193,7 +199,8 @@ class MixGRPOSampler(Sampler):
                           train_forwards=edges)
 
     def state_dict(self) -> dict[str, Any]:
-        """The window scheduler's position (resume continues the window sequence)."""
+        """The window scheduler's position: the last begun step's window (``begin_step`` of the next step advances it,
+        so a resume continues the window sequence)."""
         return {"window": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -3,8 +3,9 @@
 
 The window is ``w`` consecutive schedule steps ``[start, start + w)`` that use the SDE and are trained; every other
 step is an ODE step. Windows live in ``[0, limit)`` with ``limit = T - 2`` by default (upstream's
-``max_timesteps = sampling_steps - 2``). The scheduler is advanced once per training iteration and moves the window
-every ``τ`` (``shift_interval``) iterations:
+``max_timesteps = sampling_steps - 2``). The scheduler counts training iterations (steps): the sampler brings it to
+the step about to run in ``begin_step`` (:meth:`WindowScheduler.advance_to`), once per step whatever the number of
+ranks and prompt groups, and it moves the window every ``τ`` (``shift_interval``) iterations:
 
 * ``progressive``: ``start += stride`` (upstream ``--prog_overlap_step``; ``stride = w`` is upstream's
   non-overlapping default move, ``0`` freezes the window as in MixGRPO-Flash*). A window that would run past
@@ -111,6 +112,24 @@ class WindowScheduler:
             excess = max(0, self.start - self.decay_offset)
             return max(1, int(self.shift_interval * math.exp(-self.decay_rate * excess)))
         return self.shift_interval
+
+    def advance_to(self, step: int) -> tuple[int, int]:
+        """Advance until :attr:`iteration` equals ``step`` and return that step's window.
+
+        Idempotent for one step (a second call for the same step does not advance), so the window advances once per
+        training step; a scheduler restored from a checkpoint continues from its saved iteration.
+
+        Raises:
+            ValueError: When the scheduler is already past ``step`` (steps must be begun in order).
+        """
+        if step < self.iteration:
+            raise ValueError(
+                f"window scheduler is at iteration {self.iteration}, past step {step}: steps must be begun in order "
+                "(a sampler instance belongs to one run)"
+            )
+        while self.iteration < step:
+            self.advance()
+        return self.window()
 
     def advance(self) -> None:
         """Count one finished iteration; move the window when its interval is over."""

@@ -16,8 +16,10 @@ the ``"ode"`` kernel (NaN log-prob); each such node has a single child, so the b
 unchanged. This keeps the decoded sample linked to its window leaf without any side table, at the cost of storing
 ``k^d·(T-i-d)`` tail states per tree (CPU memory; see the docs).
 
-The window start is drawn once per rollout (all groups share it, so every step is one batched forward), from the law
-in :mod:`rlpost_treegrpo.window`, and stored in ``rollout.stash[WINDOW_START]``.
+The window start is set once per training step in :meth:`TreeSampler.begin_step` (drawn with the step's generator
+from the law in :mod:`rlpost_treegrpo.window`, or the step's position on the ``progressive`` schedule), so every group
+and every rank of a step shares it and each step is one batched forward; it is stored in
+``rollout.stash[WINDOW_START]``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
 from rlpost.contract import PromptBatch, Rollout, StashKey
 from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
 from rlpost.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
-from rlpost_treegrpo.window import WindowLaw, draw_window_start, expected_value, num_starts, window_probs
+from rlpost_treegrpo.window import (
+    WindowLaw,
+    draw_window_start,
+    expected_value,
+    num_starts,
+    progressive_start,
+    window_probs,
+)
 
 __all__ = ["WINDOW_START", "TreeSampler"]
 
@@ -48,9 +57,15 @@ class TreeSampler(Sampler):
         num_steps: Schedule length ``T`` (NFE per trajectory; the paper fixes 10).
         k: Children per frontier node inside the window (branching factor; paper default 3).
         depth: Window length ``d`` = tree depth; leaves per tree ``k^d`` (paper default 3). Must be ``<= T-1``.
-        window: Window-start law: ``"geometric"`` (paper), ``"uniform"`` (Flow-GRPO-Fast style) or ``"fixed"``.
+        window: Window-start law: ``"geometric"`` (paper), ``"uniform"`` (Flow-GRPO-Fast style), ``"fixed"`` or
+            ``"progressive"`` (the official code's schedule: from step 0, one shift every ``shift_interval`` steps).
         ratio: ``r`` of the truncated geometric law ``P(i) = (1-r)·r^i / (1-r^(T-d))`` (paper default 0.5).
         fixed_start: Window start for ``window: fixed`` (``0 … T-d-1``).
+        shift_interval: ``window: progressive``: training steps between window shifts (``null`` = 50, upstream's
+            ``tou``).
+        stride: ``window: progressive``: steps the window start moves by at each shift (``null`` = 1, upstream).
+        roll_back: ``window: progressive``: after the last start ``T-d-1``, restart at 0 (``null`` = true) instead of
+            staying there.
         kernel: SDE kernel inside the window (``"flow-sde"``, ``"dance-sde"`` or ``"cps"``); the paper does not
             name its SDE, Flow-GRPO's is the default (algorithms.md §2.6).
         kernel_args: Constructor arguments of ``kernel`` (e.g. ``{noise_level: 0.7}`` for flow-sde, ``{eta: 0.3}``
@@ -75,6 +90,9 @@ class TreeSampler(Sampler):
         window: WindowLaw = "geometric",
         ratio: float = 0.5,
         fixed_start: int | None = None,
+        shift_interval: int | None = None,
+        stride: int | None = None,
+        roll_back: bool | None = None,
         kernel: SDEKernelName = "flow-sde",
         kernel_args: dict[str, Any] | None = None,
         logprob_reduction: LogProbReduction = "mean",
@@ -88,6 +106,9 @@ class TreeSampler(Sampler):
         self.window: WindowLaw = window
         self.ratio = float(ratio)
         self.fixed_start = fixed_start
+        self.shift_interval = shift_interval
+        self.stride = stride
+        self.roll_back = roll_back
         self.kernel = kernel
         self.kernel_args: dict[str, Any] = dict(kernel_args or {})
         self.logprob_reduction: LogProbReduction = logprob_reduction
@@ -95,6 +116,7 @@ class TreeSampler(Sampler):
         self.chunk_size = int(chunk_size)
         self.ode_kernel = ode_kernel
         self._kernels: list[StepKernel] | None = None
+        self.window_start: int | None = None  # this step's start, set by begin_step
 
     # ------------------------------------------------------------------------------------------ configuration
 
@@ -110,9 +132,25 @@ class TreeSampler(Sampler):
             self._kernels = [make_kernel(self.kernel, **self.kernel_args), make_kernel(self.ode_kernel)]
         return self._kernels
 
+    _PROGRESSIVE_DEFAULTS: ClassVar[dict[str, Any]] = {"shift_interval": 50, "stride": 1, "roll_back": True}
+
+    def _progressive(self, name: str) -> Any:
+        """A ``progressive`` setting, or upstream's default when it is ``null``."""
+        value = getattr(self, name)
+        return self._PROGRESSIVE_DEFAULTS[name] if value is None else value
+
     def window_probs(self) -> Tensor:
-        """``[T-d]`` float64 probability of each window start under the configured law."""
-        return window_probs(self.num_steps, self.depth, self.window, self.ratio, self.fixed_start)
+        """``[T-d]`` float64 probability of each window start under the configured law (for ``progressive``: the
+        share of steps spent at each start over one pass of the schedule)."""
+        return window_probs(
+            self.num_steps,
+            self.depth,
+            self.window,
+            self.ratio,
+            self.fixed_start,
+            stride=int(self._progressive("stride")),
+            roll_back=bool(self._progressive("roll_back")),
+        )
 
     def validate(self, recipe: Any) -> list[str]:
         """Check the tree shape, the window law and the kernel (every problem names its field)."""
@@ -135,6 +173,19 @@ class TreeSampler(Sampler):
                 problems.append(f"{p}.fixed_start: window 'fixed' needs a start in [0, {hi}], got {self.fixed_start}")
         elif self.fixed_start is not None:
             problems.append(f"{p}.fixed_start: only used with window 'fixed' (window is {self.window!r})")
+        if self.window == "progressive":
+            if int(self._progressive("shift_interval")) < 1:
+                problems.append(f"{p}.shift_interval: must be >= 1 training step, got {self.shift_interval}")
+            if int(self._progressive("stride")) < 1:
+                problems.append(f"{p}.stride: must be >= 1 (use window 'fixed' for a frozen window), got {self.stride}")
+        else:
+            for name in ("shift_interval", "stride", "roll_back"):
+                if getattr(self, name) is not None:
+                    problems.append(f"{p}.{name}: only used with window 'progressive' (window is {self.window!r})")
+        if self.window not in ("geometric", "uniform", "fixed", "progressive"):
+            problems.append(
+                f"{p}.window: must be 'geometric', 'uniform', 'fixed' or 'progressive', got {self.window!r}"
+            )
         if self.trees_per_prompt < 1:
             problems.append(f"{p}.trees_per_prompt: must be >= 1, got {self.trees_per_prompt}")
         if self.chunk_size < 1:
@@ -184,15 +235,39 @@ class TreeSampler(Sampler):
 
     # ----------------------------------------------------------------------------------------------- rollout
 
-    def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
-        """Grow one tree per (prompt, tree index), decode its leaves and record every step as an edge.
+    def begin_step(self, step: int, generator: torch.Generator) -> None:
+        """Set the step's window start: one draw from the law with the step's ``generator`` (one uniform), or the
+        step's position on the ``progressive`` schedule (no draw). Every group and rank of the step shares it."""
+        if self.window == "progressive":
+            self.window_start = progressive_start(
+                step,
+                self.num_steps,
+                self.depth,
+                int(self._progressive("shift_interval")),
+                int(self._progressive("stride")),
+                bool(self._progressive("roll_back")),
+            )
+        else:
+            self.window_start = draw_window_start(self.window_probs(), generator)
 
-        RNG order on ``generator``: the window start (one uniform), the initial noises ``[G·trees, ...]``, then for
-        each window step one ``[F·k, ...]`` block of standard normals (``F`` = frontier size, parents in order,
-        children of a parent adjacent).
+    def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
+        """Grow one tree per (prompt, tree index) with the step's window, decode its leaves and record every step as
+        an edge.
+
+        RNG order on ``generator``: the initial noises ``[G·trees, ...]``, then for each window step one
+        ``[F·k, ...]`` block of standard normals (``F`` = frontier size, parents in order, children of a parent
+        adjacent).
+
+        Raises:
+            RuntimeError: When :meth:`begin_step` has not set the step's window start.
         """
+        if self.window_start is None:
+            raise RuntimeError(
+                "TreeSampler.rollout: no window start; call begin_step(step, generator) first (the runner does, once "
+                "per training step)"
+            )
         steps, k, depth = self.num_steps, self.k, self.depth
-        start = draw_window_start(self.window_probs(), generator)
+        start = self.window_start
         sde, ode = self.kernels
         sigmas = policy.sigmas(steps)
         device = policy.device
@@ -249,8 +324,14 @@ class TreeSampler(Sampler):
         return evaluate_edges(policy, rollout, edges, self.kernels, self.logprob_reduction)
 
     def __repr__(self) -> str:
+        law = (
+            f"window='progressive', every={self._progressive('shift_interval')}, stride={self._progressive('stride')}"
+            f", roll_back={self._progressive('roll_back')}"
+            if self.window == "progressive"
+            else f"window={self.window!r}, r={self.ratio}"
+        )
         return (
-            f"TreeSampler(T={self.num_steps}, k={self.k}, d={self.depth}, window={self.window!r}, r={self.ratio}, "
+            f"TreeSampler(T={self.num_steps}, k={self.k}, d={self.depth}, {law}, "
             f"kernel={self.kernel!r}{self.kernel_args or ''}, reduction={self.logprob_reduction!r}, "
             f"trees={self.trees_per_prompt})"
         )

@@ -1,15 +1,19 @@
-"""Window-start laws for TreeGRPO's SDE window (algorithms.md §2.2).
+"""Window-start laws for TreeGRPO's SDE window (Ding & Ye, arXiv 2512.08153; docs/algorithms/treegrpo.md).
 
 The SDE window ``W_i = {i, …, i+d-1}`` must fit before the final step, so the start ranges over
-``i ∈ {0, …, T-d-1}`` (``T-d`` values). Three laws are offered:
+``i ∈ {0, …, T-d-1}`` (``T-d`` values). Four laws are offered:
 
 * ``geometric`` (the paper's default): the truncated geometric law
   ``P(i) = (1-r)·r^i / (1 - r^(T-d))``. Small ``r`` favours early (high-noise) windows; ``r → 1`` tends to uniform.
   For ``T=10, d=3, r=0.5``: ``P ≈ 0.504, 0.252, 0.126, 0.063, 0.031, 0.016, 0.008``.
-* ``uniform``: ``P(i) = 1/(T-d)`` (Flow-GRPO-Fast's window law, algorithms.md §5.4).
+* ``uniform``: ``P(i) = 1/(T-d)`` (Flow-GRPO-Fast's law, ``yifan123/flow_grpo`` ``scripts/train_sd3_fast.py@74db691``).
 * ``fixed``: ``P(fixed_start) = 1`` (the deterministic-window ablation; also what the count tests use).
+* ``progressive`` (the official TreeGRPO code's schedule, ``zh-ding/TreeGRPO`` ``train.py`` and
+  ``configs/base.yaml``: the window starts at step 0 and shifts by one step every 50 iterations, MixGRPO-like): not
+  random, the start is a function of the training step, :func:`progressive_start`.
 
-Only this module knows the laws; the sampler draws from :func:`window_probs` with the run's generator.
+The random laws are drawn once per training step (``TreeSampler.begin_step``) with the step's generator; only this
+module knows the laws.
 """
 
 from __future__ import annotations
@@ -19,14 +23,69 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["WindowLaw", "draw_window_start", "expected_value", "num_starts", "window_probs"]
+__all__ = [
+    "WindowLaw",
+    "draw_window_start",
+    "expected_value",
+    "num_starts",
+    "progressive_start",
+    "progressive_starts",
+    "window_probs",
+]
 
-WindowLaw = Literal["geometric", "uniform", "fixed"]
+WindowLaw = Literal["geometric", "uniform", "fixed", "progressive"]
 
 
 def num_starts(num_steps: int, depth: int) -> int:
     """Number of admissible window starts ``T - d`` (starts ``0 … T-d-1``; the window never holds the last step)."""
     return num_steps - depth
+
+
+def progressive_starts(num_steps: int, depth: int, stride: int = 1, roll_back: bool = True) -> list[int]:
+    """The window starts one pass of the ``progressive`` schedule visits, in order (each for ``shift_interval`` steps).
+
+    The start moves by ``stride`` from 0; a move past the last admissible start ``T-d-1`` rolls back to 0
+    (``roll_back``, the pass then repeats) or stops at ``T-d-1`` (which the run then keeps).
+
+    Raises:
+        ValueError: When the window does not fit or ``stride < 1``.
+    """
+    last = num_starts(num_steps, depth) - 1
+    if last < 0:
+        raise ValueError(f"window of depth {depth} does not fit in {num_steps} steps (need depth <= num_steps - 1)")
+    if stride < 1:
+        raise ValueError(f"progressive window stride must be >= 1, got {stride}")
+    starts = list(range(0, last + 1, stride))
+    if not roll_back and starts[-1] != last:
+        starts.append(last)
+    return starts
+
+
+def progressive_start(
+    step: int, num_steps: int, depth: int, shift_interval: int, stride: int = 1, roll_back: bool = True
+) -> int:
+    """Window start of training step ``step`` (0-based) under the ``progressive`` schedule.
+
+    The official TreeGRPO code's schedule, restated (``zh-ding/TreeGRPO`` ``train.py``, ``configs/base.yaml``:
+    ``tou = 50`` iterations between shifts of one step): ``m = step // shift_interval`` moves have happened, the start
+    is ``m · stride``, and a start past ``T-d-1`` rolls back to 0 (``roll_back``) or stays at ``T-d-1``. It is a
+    function of the step alone, so a resumed run continues the sequence without saved state.
+
+    Upstream's code could not be read at a pinned commit when this was written: the bounds (the window's last step
+    before ``T-1``, as for every law here) and the behaviour past the last start are ours. Upstream's defaults
+    (``T=10``, ``w=4``, 50 iterations per shift, 300 iterations) visit the starts ``0 … 5`` once and never reach the
+    end, so ``roll_back`` does not change that run.
+
+    Raises:
+        ValueError: When ``step < 0``, ``shift_interval < 1``, ``stride < 1`` or the window does not fit.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if shift_interval < 1:
+        raise ValueError(f"progressive window shift_interval must be >= 1, got {shift_interval}")
+    starts = progressive_starts(num_steps, depth, stride, roll_back)
+    moves = step // shift_interval
+    return starts[moves % len(starts)] if roll_back else starts[min(moves, len(starts) - 1)]
 
 
 def window_probs(
@@ -35,15 +94,23 @@ def window_probs(
     law: WindowLaw = "geometric",
     ratio: float = 0.5,
     fixed_start: int | None = None,
+    stride: int = 1,
+    roll_back: bool = True,
 ) -> Tensor:
     """Probability of each window start ``i = 0 … T-d-1`` as a float64 ``[T-d]`` tensor.
+
+    For the deterministic ``progressive`` schedule this is the share of steps spent at each start over one pass of
+    :func:`progressive_starts` (with ``roll_back`` also the long-run share; without it, a run longer than one pass
+    stays at the last start).
 
     Args:
         num_steps: Schedule length ``T`` (NFE).
         depth: Window length ``d`` (= tree depth).
-        law: ``"geometric"``, ``"uniform"`` or ``"fixed"``.
+        law: ``"geometric"``, ``"uniform"``, ``"fixed"`` or ``"progressive"``.
         ratio: ``r`` of the geometric law, in ``(0, 1)``.
         fixed_start: The start used by the ``fixed`` law.
+        stride: Steps the ``progressive`` window moves by.
+        roll_back: ``progressive``: restart at 0 after the last start.
 
     Raises:
         ValueError: When the window does not fit or a parameter is out of range.
@@ -67,13 +134,18 @@ def window_probs(
         p = torch.zeros(n, dtype=torch.float64)
         p[fixed_start] = 1.0
         return p
-    raise ValueError(f"unknown window law {law!r}; choose 'geometric', 'uniform' or 'fixed'")
+    if law == "progressive":
+        starts = progressive_starts(num_steps, depth, stride, roll_back)
+        p = torch.zeros(n, dtype=torch.float64)
+        p[starts] = 1.0 / len(starts)
+        return p
+    raise ValueError(f"unknown window law {law!r}; choose 'geometric', 'uniform', 'fixed' or 'progressive'")
 
 
 def draw_window_start(probs: Tensor, generator: torch.Generator) -> int:
     """Draw one window start from ``probs`` with ``generator`` (inverse CDF of one ``torch.rand`` draw).
 
-    One uniform draw per rollout keeps the generator's stream position independent of the law.
+    One uniform draw keeps the generator's stream position independent of the law.
     """
     u = float(torch.rand((), generator=generator, device=generator.device, dtype=torch.float64))
     cdf = torch.cumsum(probs.double().cpu(), 0)

@@ -75,6 +75,8 @@ def test_advantages_with_groups_and_trees_split_across_two_ranks(tmp_path, tiny_
     recipe.model.setup(torch.device("cpu"))
     reward = recipe.rewards[0]
 
+    recipe.sampler.begin_step(0, derived_generator(0, 3, 0, 0))  # one window start for every tree of the step
+
     def tree(group: int, index: int) -> Any:
         batch = PromptBatch(["a red cube"], [{}], 1, group_offset=group)
         with torch.no_grad():

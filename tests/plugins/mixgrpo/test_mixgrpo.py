@@ -83,12 +83,13 @@ def test_window_sampler_counts_ratio_and_schedule(make_sd3_policy) -> None:
     perturb_lora(policy, seed=2)
     sampler = MixGRPOSampler(num_steps=6, window_size=2, shift_interval=1, window_stride=1)
     for expected_start in (0, 1):
+        sampler.begin_step(expected_start, torch.Generator())
         rollout = check_rollout_contract(sampler, policy, groups=2, per_group=2, seed=expected_start)
         assert rollout.stats["sampler/window_start"] == expected_start
         steps = rollout.node_step[rollout.edge_parent]
         assert torch.equal(rollout.trainable, (steps >= expected_start) & (steps < expected_start + 2))
         assert torch.isnan(rollout.old_log_probs[~rollout.trainable]).all()
-    assert sampler.state_dict() == {"window": {"start": 2, "iteration": 2, "since_move": 0, "moves": 2}}
+    assert sampler.state_dict() == {"window": {"start": 1, "iteration": 1, "since_move": 0, "moves": 1}}
 
 
 def test_flash_sampler_compresses_after_the_window(make_sd3_policy) -> None:
@@ -96,7 +97,8 @@ def test_flash_sampler_compresses_after_the_window(make_sd3_policy) -> None:
     perturb_lora(policy, seed=3)
     sampler = MixGRPOSampler(num_steps=8, window_size=2, shift_interval=1, window_stride=2, dpm_after_window=True,
                              compress_ratio=0.4)
-    for end in (2, 4, 6):  # 6 remaining -> 2 steps, 4 -> 1, 2 -> 1
+    for step, end in enumerate((2, 4, 6)):  # 6 remaining -> 2 steps, 4 -> 1, 2 -> 1
+        sampler.begin_step(step, torch.Generator())
         assert sampler.counts(1, 3).rollout_forwards == 3 * (end + max(1, math.floor((8 - end) * 0.4)))
         rollout = check_rollout_contract(sampler, policy, groups=1, per_group=3, seed=end)
         assert rollout.kernels[2] == "dpm-solver++2"

@@ -39,6 +39,7 @@ def run(policy: Any, sampler: TreeSampler, seed: int = 0, groups: int = 2) -> tu
     batch = PromptBatch(prompts=PROMPTS[:groups], metadata=[{}] * groups, samples_per_group=4)
     policy.encode(batch.prompts)  # warm the prompt cache so only transformer forwards are counted below
     before = policy.forward_count
+    sampler.begin_step(0, torch.Generator().manual_seed(seed + 1))  # the step's window start
     with torch.no_grad():
         rollout = sampler.rollout(policy, batch, torch.Generator().manual_seed(seed))
     return rollout, policy.forward_count - before
