@@ -46,6 +46,10 @@ GUARANTEES: dict[str, tuple[str, str]] = {
 ALLOWED: dict[tuple[str, str], str] = {
     # integer / boolean tensors
     (
+        "tests/plugins/treegrpo/test_window.py",
+        'assert torch.equal(gen.get_state(), before), "the progressive schedule draws nothing"',
+    ): "no-arithmetic",
+    (
         "tests/plugins/dancegrpo/test_dancegrpo.py",
         "assert torch.equal(plan.trainable.sum(1), torch.full((64,), 5))",
     ): "no-arithmetic",
