@@ -64,12 +64,26 @@ class HFClip:
 
     @staticmethod
     def load_preprocessing_from(clip: HFClip, directory: Path) -> HFClip:
-        """Take crop size, mean and std from ``directory/preprocessor_config.json`` when it exists."""
+        """Take crop size, mean and std from ``directory/preprocessor_config.json`` when it exists.
+
+        Raises:
+            ValueError: When the file asks for something the batched preprocessing does not do (a resize target other
+                than the crop size, a resampling filter other than bicubic), naming the field.
+        """
         pp = directory / "preprocessor_config.json"
         if pp.is_file():
             cfg = json.loads(pp.read_text())
             crop = cfg.get("crop_size", clip.size)
             clip.size = int(crop["height"] if isinstance(crop, dict) else crop)
+            resize = cfg.get("size", clip.size)
+            resize = resize.get("shortest_edge", clip.size) if isinstance(resize, dict) else resize
+            if int(resize) != clip.size:
+                raise ValueError(
+                    f"{pp}: size (shortest edge {resize}) must equal crop_size ({clip.size}); resizing to one size and "
+                    "cropping to another is not supported"
+                )
+            if int(cfg.get("resample", 3)) != 3:  # PIL.Image.BICUBIC
+                raise ValueError(f"{pp}: resample={cfg['resample']} is not supported (only 3, bicubic)")
             clip.mean = tuple(cfg.get("image_mean", clip.mean))
             clip.std = tuple(cfg.get("image_std", clip.std))
         return clip
