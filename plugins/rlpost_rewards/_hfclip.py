@@ -57,7 +57,7 @@ class HFClip:
         """Load ``CLIPModel`` from ``model_dir`` with ``local_files_only=True`` (safetensors preferred)."""
         from transformers import CLIPModel
 
-        model = CLIPModel.from_pretrained(str(model_dir), local_files_only=True)
+        model: Any = CLIPModel.from_pretrained(str(model_dir), local_files_only=True)
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         clip = cls(model, int(model.config.vision_config.image_size), OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, device, dtype)
         return cls.load_preprocessing_from(clip, model_dir)
@@ -94,7 +94,8 @@ class HFClip:
         pixels = clip_preprocess(images, self.size, self.mean, self.std, device=self.device, dtype=self.dtype)
         model: Any = self.model
         emb = features(model.get_image_features(pixel_values=pixels)).float()
-        return emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True)
+        out: Tensor = emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True)
+        return out
 
     @torch.no_grad()
     def text_embeds(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -104,4 +105,5 @@ class HFClip:
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
         )
         emb = features(out).float()
-        return emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True)
+        normed: Tensor = emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True)
+        return normed
