@@ -139,7 +139,7 @@ def clip_preprocess(
 
 def load_state_dict_file(path: Any) -> dict[str, Tensor]:
     """Load tensors from ``.safetensors`` or, for anything else, ``torch.load(weights_only=True)`` (never pickle
-    code execution; ecosystem.md 3.6). A ``{"state_dict": ...}`` wrapper is unwrapped."""
+    code execution). A ``{"state_dict": ...}`` wrapper is unwrapped."""
     p = str(path)
     if p.endswith(".safetensors"):
         from safetensors.torch import load_file
