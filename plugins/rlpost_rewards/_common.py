@@ -64,23 +64,32 @@ def clip_preprocess(
     *,
     interpolation: str = "bicubic",
     resize_mode: str = "shortest",
+    float_resize: bool = False,
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """Batched tensor equivalent of open_clip's eval transform (``image_transform_v2(..., is_train=False)``).
+    """Batched tensor equivalent of the CLIP-style eval transforms the reward models were released with.
 
-    ``Resize(shortest side -> size, bicubic, antialias)`` -> ``CenterCrop(size)`` -> ``/255`` -> ``Normalize``.
-    Resizing runs on uint8 tensors (rounded to uint8 like PIL) so results are close to, but not bit-identical
-    with, the PIL pipeline of the anchors (algorithms.md 8.6); it is deterministic and per-image, so a batch gives
+    ``resize_mode="shortest"`` is open_clip's eval transform (``image_transform_v2(..., is_train=False)``) and
+    CLIP's/transformers' processors: ``Resize(shortest side -> size, bicubic, antialias)`` -> ``CenterCrop(size)``.
+    ``"squash"`` resizes to ``size`` ignoring the aspect ratio. ``"longest"`` is HPSv2's ``ResizeMaxSize``
+    (``tgxs002/HPSv2 hpsv2/src/open_clip/transform.py@866735e``): longest side -> size, then zero padding (black,
+    before normalisation) split evenly with the odd pixel right/bottom; unlike upstream it also pads an image whose
+    longest side already equals ``size``, which upstream would leave non-square. Then ``/255`` -> ``Normalize``.
+
+    By default resizing runs on uint8 tensors (rounded to uint8, as PIL does), so results are close to, but not
+    bit-identical with, the PIL pipelines of CLIP/transformers/open_clip; ``float_resize=True`` converts to [0, 1]
+    floats first, as HPSv2's ``ToTensor`` -> ``ResizeMaxSize`` does. Per-image and deterministic, so a batch gives
     the same values as single images.
 
     Args:
         images: ``[S, H, W, 3]`` uint8 images.
-        size: Output side (int) or ``(height, width)``.
+        size: Output side (int) or ``(height, width)``; ``"longest"`` needs a square size.
         mean: Per-channel normalisation mean.
         std: Per-channel normalisation std.
         interpolation: ``"bicubic"`` or ``"bilinear"``.
-        resize_mode: ``"shortest"`` (resize shortest side then centre-crop) or ``"squash"`` (resize to size).
+        resize_mode: ``"shortest"``, ``"squash"`` or ``"longest"`` (see above).
+        float_resize: Resize ``[0, 1]`` floats instead of uint8.
         device: Where to put the result (defaults to the images' device).
         dtype: Result dtype.
 
@@ -94,12 +103,22 @@ def clip_preprocess(
     mode = InterpolationMode.BICUBIC if interpolation == "bicubic" else InterpolationMode.BILINEAR
     x = images.to(device) if device is not None else images
     x = x.permute(0, 3, 1, 2).contiguous()
+    if float_resize:
+        x = x.float().div_(255.0)
+    h, w = x.shape[-2:]
     if resize_mode == "squash":
         x = TF.resize(x, list(hw), interpolation=mode, antialias=True)
-    else:
-        if resize_mode != "shortest":
-            raise ValueError(f"unsupported resize_mode {resize_mode!r} (expected 'shortest' or 'squash')")
-        h, w = x.shape[-2:]
+    elif resize_mode == "longest":
+        if hw[0] != hw[1]:
+            raise ValueError(f"resize_mode 'longest' needs a square size, got {hw}")
+        scale = hw[0] / max(h, w)
+        new_h, new_w = round(h * scale), round(w * scale)
+        if scale != 1.0:
+            x = TF.resize(x, [new_h, new_w], interpolation=mode, antialias=True)
+        pad_h, pad_w = hw[0] - new_h, hw[1] - new_w
+        if pad_h or pad_w:
+            x = TF.pad(x, [pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2], fill=0)
+    elif resize_mode == "shortest":
         if hw[0] == hw[1]:
             # torchvision Resize(int): shortest side -> size, as open_clip's eval transform does for square sizes.
             if min(h, w) != hw[0]:
@@ -108,15 +127,19 @@ def clip_preprocess(
             scale = max(hw[0] / h, hw[1] / w)
             x = TF.resize(x, [round(h * scale), round(w * scale)], interpolation=mode, antialias=True)
         x = TF.center_crop(x, list(hw))
-    x = x.float().div_(255.0)
+    else:
+        raise ValueError(f"unsupported resize_mode {resize_mode!r} (expected 'shortest', 'squash' or 'longest')")
+    if not float_resize:
+        x = x.float().div_(255.0)
     m = torch.tensor(mean, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
     s = torch.tensor(std, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
-    return ((x - m) / s).to(dtype)
+    out: Tensor = ((x - m) / s).to(dtype)
+    return out
 
 
 def load_state_dict_file(path: Any) -> dict[str, Tensor]:
     """Load tensors from ``.safetensors`` or, for anything else, ``torch.load(weights_only=True)`` (never pickle
-    code execution; ecosystem.md 3.6). A ``{"state_dict": ...}`` wrapper is unwrapped."""
+    code execution). A ``{"state_dict": ...}`` wrapper is unwrapped."""
     p = str(path)
     if p.endswith(".safetensors"):
         from safetensors.torch import load_file

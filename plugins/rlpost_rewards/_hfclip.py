@@ -57,19 +57,33 @@ class HFClip:
         """Load ``CLIPModel`` from ``model_dir`` with ``local_files_only=True`` (safetensors preferred)."""
         from transformers import CLIPModel
 
-        model = CLIPModel.from_pretrained(str(model_dir), local_files_only=True)
+        model: Any = CLIPModel.from_pretrained(str(model_dir), local_files_only=True)
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         clip = cls(model, int(model.config.vision_config.image_size), OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, device, dtype)
         return cls.load_preprocessing_from(clip, model_dir)
 
     @staticmethod
     def load_preprocessing_from(clip: HFClip, directory: Path) -> HFClip:
-        """Take crop size, mean and std from ``directory/preprocessor_config.json`` when it exists."""
+        """Take crop size, mean and std from ``directory/preprocessor_config.json`` when it exists.
+
+        Raises:
+            ValueError: When the file asks for something the batched preprocessing does not do (a resize target other
+                than the crop size, a resampling filter other than bicubic), naming the field.
+        """
         pp = directory / "preprocessor_config.json"
         if pp.is_file():
             cfg = json.loads(pp.read_text())
             crop = cfg.get("crop_size", clip.size)
             clip.size = int(crop["height"] if isinstance(crop, dict) else crop)
+            resize = cfg.get("size", clip.size)
+            resize = resize.get("shortest_edge", clip.size) if isinstance(resize, dict) else resize
+            if int(resize) != clip.size:
+                raise ValueError(
+                    f"{pp}: size (shortest edge {resize}) must equal crop_size ({clip.size}); resizing to one size and "
+                    "cropping to another is not supported"
+                )
+            if int(cfg.get("resample", 3)) != 3:  # PIL.Image.BICUBIC
+                raise ValueError(f"{pp}: resample={cfg['resample']} is not supported (only 3, bicubic)")
             clip.mean = tuple(cfg.get("image_mean", clip.mean))
             clip.std = tuple(cfg.get("image_std", clip.std))
         return clip
@@ -80,7 +94,8 @@ class HFClip:
         pixels = clip_preprocess(images, self.size, self.mean, self.std, device=self.device, dtype=self.dtype)
         model: Any = self.model
         emb = features(model.get_image_features(pixel_values=pixels)).float()
-        return emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True)
+        out: Tensor = emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True)
+        return out
 
     @torch.no_grad()
     def text_embeds(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -90,4 +105,5 @@ class HFClip:
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
         )
         emb = features(out).float()
-        return emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True)
+        normed: Tensor = emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True)
+        return normed

@@ -22,9 +22,19 @@ class OpenClipScorer:
         tokenizer: The matching open_clip tokenizer (callable on a list of strings).
         device: Device of ``model``.
         dtype: Compute dtype of the towers (features are compared in fp32).
+        resize_mode: Override of the model's preprocessing ``resize_mode`` (see :func:`clip_preprocess`).
+        float_resize: Resize ``[0, 1]`` floats rather than uint8 (see :func:`clip_preprocess`).
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        device: torch.device,
+        dtype: torch.dtype,
+        resize_mode: str | None = None,
+        float_resize: bool = False,
+    ) -> None:
         import open_clip
 
         self.model = model
@@ -36,7 +46,8 @@ class OpenClipScorer:
         self.mean = cfg.get("mean", (0.48145466, 0.4578275, 0.40821073))
         self.std = cfg.get("std", (0.26862954, 0.26130258, 0.27577711))
         self.interpolation = cfg.get("interpolation", "bicubic")
-        self.resize_mode = cfg.get("resize_mode", "shortest")
+        self.resize_mode = resize_mode or cfg.get("resize_mode", "shortest")
+        self.float_resize = float_resize
 
     @classmethod
     def build(
@@ -47,6 +58,8 @@ class OpenClipScorer:
         dtype: torch.dtype,
         state_dict: dict[str, Tensor] | None = None,
         pretrained: str | None = None,
+        resize_mode: str | None = None,
+        float_resize: bool = False,
     ) -> OpenClipScorer:
         """Create ``model_name`` with no pretrained download, then load weights from a local source.
 
@@ -57,6 +70,8 @@ class OpenClipScorer:
             dtype: Compute dtype.
             state_dict: Full model state dict to load strictly (HPS checkpoints).
             pretrained: Local weights file handed to open_clip (it loads with ``weights_only=True``).
+            resize_mode: Preprocessing override (HPS: ``"longest"``); default: open_clip's config for the model.
+            float_resize: Resize ``[0, 1]`` floats rather than uint8.
         """
         import open_clip
 
@@ -73,14 +88,14 @@ class OpenClipScorer:
                 )
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         tokenizer = open_clip.get_tokenizer(model_name)
-        # Tokenizer trap (feasibility.md 4): check what we got fits the text tower's vocabulary.
+        # A broken tokenizer (e.g. a failed download) maps words to a tiny vocabulary: check it fits the text tower.
         tok_vocab = getattr(tokenizer, "vocab_size", None)
         model_vocab = getattr(model, "vocab_size", None)
         if tok_vocab is not None and model_vocab is not None and int(tok_vocab) > int(model_vocab):
             raise ValueError(f"{reward}: tokenizer vocabulary {tok_vocab} exceeds the model's {model_vocab}")
         if tok_vocab is not None and int(tok_vocab) < 1000:
             raise ValueError(f"{reward}: tokenizer vocabulary has only {tok_vocab} tokens (a failed hub lookup?)")
-        return cls(model, tokenizer, device, dtype)
+        return cls(model, tokenizer, device, dtype, resize_mode, float_resize)
 
     @torch.no_grad()
     def cosine(self, images: Tensor, prompts: Sequence[str]) -> Tensor:
@@ -96,6 +111,7 @@ class OpenClipScorer:
             self.std,
             interpolation=self.interpolation,
             resize_mode=self.resize_mode,
+            float_resize=self.float_resize,
             device=self.device,
             dtype=self.dtype,
         )
@@ -105,4 +121,5 @@ class OpenClipScorer:
         txt = model.encode_text(tokens).float()
         img = img / img.norm(dim=-1, keepdim=True)
         txt = txt / txt.norm(dim=-1, keepdim=True)
-        return (img * txt).sum(dim=-1)
+        out: Tensor = (img * txt).sum(dim=-1)
+        return out

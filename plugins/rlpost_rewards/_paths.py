@@ -1,7 +1,7 @@
 """Checkpoint resolution for the built-in reward sources: explicit path, else ``$RLPOST_MODELS/<default name>``.
 
-rlpost never downloads reward weights (feasibility.md section 4: a hub lookup can hang for minutes or silently
-return a broken tokenizer). A missing file raises :class:`CheckpointNotFoundError` naming the file, every place it
+rlpost never downloads reward weights (offline, a hub lookup can hang for minutes or return a broken tokenizer).
+A missing file raises :class:`CheckpointNotFoundError` naming the file, every place it
 was looked for, and where to obtain it.
 """
 

@@ -1,7 +1,8 @@
 """Wire format shared by the remote reward client and server: JSON with base64-encoded PNG images.
 
-Never pickle (ecosystem.md 3.6: flow_grpo / ddpo-pytorch reward servers ``pickle.loads`` HTTP bodies, which is
-remote code execution). Request ``POST /score``::
+Never pickle: unpickling an HTTP body runs whatever code it names (the reward clients of
+``yifan123/flow_grpo flow_grpo/rewards.py@ac4c86e`` and ``kvablack/ddpo-pytorch ddpo_pytorch/rewards.py@1958463``
+``pickle.loads`` server responses). Request ``POST /score``::
 
     {"images": ["<base64 PNG>", ...], "prompts": ["...", ...], "metadata": [{...}, ...]}
 

@@ -1,7 +1,7 @@
 """LAION aesthetic predictor v2 ("improved-aesthetic-predictor", ``sac+logos+ava1-l14-linearMSE.pth``).
 
 OpenAI CLIP ViT-L/14 image embedding, L2-normalised, through a linear MLP 768→1024→128→64→16→1 with dropout and
-no non-linearities (algorithms.md 8.3; ddpo-pytorch ``aesthetic_scorer.py``). Scale ≈ 1-10.
+no non-linearities (``kvablack/ddpo-pytorch ddpo_pytorch/aesthetic_scorer.py@1958463``). Scale ≈ 1-10.
 """
 
 from __future__ import annotations

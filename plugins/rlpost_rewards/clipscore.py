@@ -1,9 +1,9 @@
 """CLIPScore via open_clip with local weights.
 
-Conventions differ between papers (algorithms.md 8.4): DanceGRPO/MixGRPO/TreeGRPO report the **raw cosine**
-(≈0.36-0.40; our default), torchmetrics uses ``max(100·cos, 0)`` (``scale_100=True``), Hessel et al. ``2.5·max(cos,
-0)``. The default backbone follows MixGRPO: ``apple/DFN5B-CLIP-ViT-H-14-384`` (open_clip config
-``ViT-H-14-378-quickgelu``).
+Conventions differ: MixGRPO reports the **raw cosine** (``Tencent-Hunyuan/MixGRPO
+fastvideo/models/reward_model/clip_score.py@e5cdd6a``; ≈0.36-0.40; our default), torchmetrics' ``CLIPScore`` uses
+``max(100·cos, 0)`` (``scale_100=True``), Hessel et al. (arXiv:2104.08718, section 3) ``2.5·max(cos, 0)``. The
+default backbone follows MixGRPO: ``apple/DFN5B-CLIP-ViT-H-14-384`` (open_clip config ``ViT-H-14-378-quickgelu``).
 """
 
 from __future__ import annotations

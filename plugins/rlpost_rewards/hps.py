@@ -1,8 +1,14 @@
-"""HPS-v2.1 (Human Preference Score v2.1, Wu et al. 2023) built directly on open_clip with a local checkpoint.
+"""HPS-v2.1 (Human Preference Score v2.1, Wu et al. 2023, arXiv:2306.09341) built directly on open_clip with a
+local checkpoint.
 
-The ``hpsv2`` package cannot be pointed at a local checkpoint offline and re-loads the model on every
-``score`` call (algorithms.md 8.1, feasibility.md 1.3), so we do what DanceGRPO/MixGRPO do: create open_clip
+The ``hpsv2`` package's ``score`` builds the model from hub-downloaded CLIP weights, fetches the checkpoint from the
+hub unless given ``cp``, and re-reads it on every call (``tgxs002/HPSv2 hpsv2/img_score.py@866735e``). We do what
+MixGRPO does (``Tencent-Hunyuan/MixGRPO fastvideo/models/reward_model/hps_score.py@e5cdd6a``): create open_clip
 ``ViT-H-14`` without pretrained weights and load the fine-tuned ``{"state_dict": ...}`` checkpoint once.
+
+Preprocessing follows HPSv2's eval transform (``create_model_and_transforms(..., light_augmentation=True)``):
+``ToTensor`` -> ``ResizeMaxSize`` (longest side to 224, bicubic, on floats, zero padding to a square) ->
+``Normalize`` with OpenAI CLIP's statistics; a non-square image is letterboxed, not centre-cropped.
 """
 
 from __future__ import annotations
@@ -58,7 +64,10 @@ class HPSv2Reward(RewardSource):
             return
         path = resolve_path(self.checkpoint, DEFAULT_FILE, reward=self.name, what="HPS-v2.1 checkpoint", obtain=OBTAIN)
         state = load_hps_state_dict(path)
-        self._scorer = OpenClipScorer.build(self.name, self.model_name, torch.device(device), self.dtype, state)
+        device = torch.device(device)
+        self._scorer = OpenClipScorer.build(
+            self.name, self.model_name, device, self.dtype, state, resize_mode="longest", float_resize=True
+        )
 
     def score(self, images: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
         """Return the HPS diagonal ``cos(f_img_i, f_txt_i)`` per image, fp32 on CPU."""

@@ -1,21 +1,31 @@
-"""ImageReward (Xu et al. 2023, ``THUDM/ImageReward``) re-implemented on plain torch so it loads the released
-``ImageReward.pt`` + ``med_config.json`` without the ``image-reward`` package.
+"""ImageReward v1.0 (Xu et al. 2023, arXiv:2304.05977; ``THUDM/ImageReward``) on transformers' BLIP modules, loading
+the released ``ImageReward.pt`` + ``med_config.json`` without the ``image-reward`` package.
 
-Why not the package: it pins a 2023 stack; under transformers 5 it needs a ~40-line monkeypatch of
-``transformers.modeling_utils`` plus a replaced tokenizer initialiser, it imports OpenAI ``clip`` (and through it
-``pkg_resources``, gone from setuptools>=81), and it fetches ``bert-base-uncased`` from the hub (feasibility.md 1.4,
-Appendix B). Following feasibility.md's recommendation we restate the three pieces ImageReward's ``score`` uses,
-keeping the checkpoint's parameter names so the real file loads strictly:
+Why not the package: ``image-reward`` 1.5 (PyPI) requires ``timm==0.6.13`` and ``fairscale==0.4.13`` (our pinned set
+has ``timm==1.0.31``, see ``constraints/cpu.txt``); its ``ImageReward/models/BLIP/med.py`` imports
+``apply_chunking_to_forward``, ``find_pruneable_heads_and_indices`` and ``prune_linear_layer`` from
+``transformers.modeling_utils``, which transformers 5 no longer has; its package ``__init__`` imports OpenAI
+``clip``, which is not on PyPI; and ``BLIP_Pretrain`` fetches ``bert-base-uncased`` from the hub.
 
-* ``blip.visual_encoder``: BLIP's ViT (timm-style pre-norm blocks, LayerNorm eps 1e-6, qkv bias, cls token, final
-  norm). ViT-L/16 at 224 px in the release; width/depth/patch/size are read from the checkpoint, heads = width/64.
-* ``blip.text_encoder``: BLIP's "med" BERT: word + absolute position embeddings (no token types), post-norm layers
-  of self-attention, cross-attention to all image tokens (every layer; ``mode="multimodal"``) and a GELU MLP.
-* ``mlp``: 768→1024→128→64→16→1 linear head (same layout as the LAION aesthetic head).
+What ``ImageReward.score`` computes (``THUDM/ImageReward ImageReward/ImageReward.py@c1392c6``):
 
-Score (``ImageReward.score``): tokenise the prompt (``padding="max_length"``, ``max_length=35``, truncation), take
-the text encoder's ``[CLS]`` state, apply the head, standardise ``(r - 0.16717362830052426) / 1.0333394966054072``.
-Typical values: SD3.5-M ≈ 0.89, RL-tuned ≈ 1.2-1.4 (algorithms.md 8.2).
+* ``blip.visual_encoder``: BLIP's ViT (``ImageReward/models/BLIP/vit.py``): timm-style pre-norm blocks, LayerNorm eps
+  1e-6, packed qkv with bias, cls token, final norm; ViT-L/16 at 224 px in the release (``blip.py`` ``create_vit``:
+  heads = width / 64). Here: transformers ``BlipVisionModel``, the same architecture under other parameter names.
+* ``blip.text_encoder``: BLIP's "med" BERT (``models/BLIP/med.py``, ``mode="multimodal"``): word + absolute position
+  embeddings, post-norm layers of self-attention, cross-attention to every image token, GELU MLP. Here:
+  transformers ``BlipTextModel`` (``is_decoder=True`` so every layer has its cross-attention; called as an encoder,
+  i.e. with a bidirectional mask), whose parameter names equal med's.
+* ``mlp``: the 768→1024→128→64→16→1 linear head, on the text encoder's ``[CLS]`` state, then
+  ``(r - 0.16717362830052426) / 1.0333394966054072``.
+
+The checkpoint is the ``state_dict`` of the upstream ``ImageReward`` module. :func:`upstream_to_port_key` maps each
+of its names to ours (the vision renames are those of transformers' BLIP conversion script,
+``huggingface/transformers src/transformers/models/blip/convert_blip_original_pytorch_to_hf.py@0985bdd``
+``rename_key``); the three entries ``score`` never reads (``blip.vision_proj``, ``blip.text_proj``, the
+``position_ids`` buffer) are dropped by name, any other unknown name is an error, and the renamed dict is loaded with
+``strict=True``. ``tests/plugins/rewards/test_imagereward.py`` checks this against a restatement of upstream's
+forward that shares no code with this module.
 """
 
 from __future__ import annotations
@@ -23,11 +33,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from rlpost.api import RewardSource
@@ -35,7 +45,16 @@ from rlpost.api import RewardSource
 from ._common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, DTypeName, check_images, check_scores, clip_preprocess, to_dtype
 from ._paths import resolve_path
 
-__all__ = ["BlipVisionTransformer", "ImageRewardModel", "ImageRewardReward", "MedBertModel", "load_imagereward"]
+__all__ = [
+    "UNUSED_UPSTREAM_KEYS",
+    "ImageRewardModel",
+    "ImageRewardReward",
+    "configs_from_checkpoint",
+    "imagereward_from_state_dict",
+    "load_blip_tokenizer",
+    "load_imagereward",
+    "upstream_to_port_key",
+]
 
 DEFAULT_CHECKPOINT = "ImageReward/ImageReward.pt"
 DEFAULT_MED_CONFIG = "ImageReward/med_config.json"
@@ -43,303 +62,235 @@ DEFAULT_TOKENIZER_DIR = "bert-base-uncased"
 OBTAIN = "https://huggingface.co/THUDM/ImageReward (files ImageReward.pt and med_config.json)"
 OBTAIN_TOKENIZER = "https://huggingface.co/google-bert/bert-base-uncased (vocab.txt, tokenizer_config.json)"
 
-# ImageReward.py: reward standardisation constants of the released model.
+# ImageReward.py (ImageReward.__init__): reward standardisation constants of the released model.
 REWARD_MEAN = 0.16717362830052426
 REWARD_STD = 1.0333394966054072
 MAX_PROMPT_TOKENS = 35
+VIT_LAYER_NORM_EPS = 1e-6  # vit.py: norm_layer = partial(nn.LayerNorm, eps=1e-6)
+
+# Upstream name -> our name (full match). Vision: BLIP vit.py names -> BlipVisionModel names. Text: med.py's BERT
+# names are BlipTextModel's. Head: ImageReward.MLP -> AestheticMLP (same nn.Sequential layout).
+_RENAMES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), replacement)
+    for pattern, replacement in (
+        (r"blip\.visual_encoder\.cls_token", "vision.embeddings.class_embedding"),
+        (r"blip\.visual_encoder\.pos_embed", "vision.embeddings.position_embedding"),
+        (r"blip\.visual_encoder\.patch_embed\.proj\.(weight|bias)", r"vision.embeddings.patch_embedding.\1"),
+        (
+            r"blip\.visual_encoder\.blocks\.(\d+)\.norm([12])\.(weight|bias)",
+            r"vision.encoder.layers.\1.layer_norm\2.\3",
+        ),
+        (
+            r"blip\.visual_encoder\.blocks\.(\d+)\.attn\.qkv\.(weight|bias)",
+            r"vision.encoder.layers.\1.self_attn.qkv.\2",
+        ),
+        (
+            r"blip\.visual_encoder\.blocks\.(\d+)\.attn\.proj\.(weight|bias)",
+            r"vision.encoder.layers.\1.self_attn.projection.\2",
+        ),
+        (r"blip\.visual_encoder\.blocks\.(\d+)\.mlp\.(fc[12])\.(weight|bias)", r"vision.encoder.layers.\1.mlp.\2.\3"),
+        (r"blip\.visual_encoder\.norm\.(weight|bias)", r"vision.post_layernorm.\1"),
+        (
+            r"blip\.text_encoder\.(embeddings\.(?:(?:word|position)_embeddings\.weight|LayerNorm\.(?:weight|bias)))",
+            r"text.\1",
+        ),
+        (
+            r"blip\.text_encoder\.(encoder\.layer\.\d+\.(?:(?:attention|crossattention)\.(?:self\.(?:query|key|value)"
+            r"|output\.(?:dense|LayerNorm))|intermediate\.dense|output\.(?:dense|LayerNorm))\.(?:weight|bias))",
+            r"text.\1",
+        ),
+        (r"mlp\.layers\.([02467])\.(weight|bias)", r"head.layers.\1.\2"),  # Linear slots of the Sequential
+    )
+)
+
+UNUSED_UPSTREAM_KEYS: frozenset[str] = frozenset(
+    {
+        # BLIP_Pretrain's contrastive projections: ImageReward.score never applies them.
+        "blip.vision_proj.weight",
+        "blip.vision_proj.bias",
+        "blip.text_proj.weight",
+        "blip.text_proj.bias",
+        # med.py BertEmbeddings' persistent arange buffer; BlipTextEmbeddings rebuilds it (non-persistent).
+        "blip.text_encoder.embeddings.position_ids",
+    }
+)
+"""Names in ``ImageReward.pt`` that ``ImageReward.score`` does not read; dropped on load."""
 
 
-# --------------------------------------------------------------------------------------------- vision tower
+def upstream_to_port_key(key: str) -> str | None:
+    """Our parameter name for an ``ImageReward.pt`` key, ``None`` for :data:`UNUSED_UPSTREAM_KEYS`.
 
-
-class _VitAttention(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, dim * 3, bias=True)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        attn = ((q @ k.transpose(-2, -1)) * (c // self.heads) ** -0.5).softmax(dim=-1)
-        out: Tensor = self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
-        return out
-
-
-class _VitMlp(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.fc2(F.gelu(self.fc1(x)))
-        return out
-
-
-class _VitBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, mlp_ratio: float) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = _VitAttention(dim, heads)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = _VitMlp(dim, int(dim * mlp_ratio))
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-class _PatchEmbed(nn.Module):
-    def __init__(self, patch: int, dim: int) -> None:
-        super().__init__()
-        self.proj = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.proj(x).flatten(2).transpose(1, 2)
-        return out
-
-
-class BlipVisionTransformer(nn.Module):
-    """BLIP's ViT (``models/BLIP/vit.py``), inference only; parameter names match ``blip.visual_encoder.*``.
-
-    Args:
-        image_size: Input side in pixels.
-        patch_size: Patch side.
-        width: Embedding width.
-        depth: Number of blocks.
-        heads: Attention heads.
-        mlp_ratio: MLP hidden width / ``width``.
+    Raises:
+        KeyError: For a name the upstream ``ImageReward`` module does not have.
     """
-
-    def __init__(
-        self, image_size: int = 224, patch_size: int = 16, width: int = 1024, depth: int = 24, heads: int = 16,
-        mlp_ratio: float = 4.0,
-    ) -> None:  # fmt: skip
-        super().__init__()
-        self.image_size = image_size
-        self.patch_embed = _PatchEmbed(patch_size, width)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
-        self.pos_embed = nn.Parameter(torch.zeros(1, (image_size // patch_size) ** 2 + 1, width))
-        self.blocks = nn.ModuleList([_VitBlock(width, heads, mlp_ratio) for _ in range(depth)])
-        self.norm = nn.LayerNorm(width, eps=1e-6)
-
-    def forward(self, pixels: Tensor) -> Tensor:
-        """``[B, 3, H, W]`` normalised pixels -> ``[B, 1 + patches, width]`` token states."""
-        x = self.patch_embed(pixels)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        x = x + self.pos_embed[:, : x.shape[1]]
-        for block in self.blocks:
-            x = block(x)
-        out: Tensor = self.norm(x)
-        return out
-
-
-# ----------------------------------------------------------------------------------------------- text tower
-
-
-class _BertAttentionCore(nn.Module):  # "self" in the checkpoint names
-    def __init__(self, hidden: int, heads: int, kv_width: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.query = nn.Linear(hidden, hidden)
-        self.key = nn.Linear(kv_width, hidden)
-        self.value = nn.Linear(kv_width, hidden)
-
-    def forward(self, x: Tensor, context: Tensor, additive_mask: Tensor | None) -> Tensor:
-        b, n, c = x.shape
-        d = c // self.heads
-
-        def split(t: Tensor) -> Tensor:
-            return t.view(b, -1, self.heads, d).transpose(1, 2)
-
-        scores = split(self.query(x)) @ split(self.key(context)).transpose(-1, -2) / math.sqrt(d)
-        if additive_mask is not None:
-            scores = scores + additive_mask
-        return (scores.softmax(dim=-1) @ split(self.value(context))).transpose(1, 2).reshape(b, n, c)
-
-
-class _BertSelfOutput(nn.Module):
-    def __init__(self, hidden: int, eps: float) -> None:
-        super().__init__()
-        self.dense = nn.Linear(hidden, hidden)
-        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)  # noqa: N815 - checkpoint name
-
-    def forward(self, x: Tensor, residual: Tensor) -> Tensor:
-        out: Tensor = self.LayerNorm(self.dense(x) + residual)
-        return out
-
-
-class _BertAttention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_width: int, eps: float) -> None:
-        super().__init__()
-        self.self = _BertAttentionCore(hidden, heads, kv_width)
-        self.output = _BertSelfOutput(hidden, eps)
-
-    def forward(self, x: Tensor, context: Tensor, additive_mask: Tensor | None) -> Tensor:
-        out: Tensor = self.output(self.self(x, context, additive_mask), x)
-        return out
-
-
-class _BertIntermediate(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        self.dense = nn.Linear(hidden, intermediate)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.gelu(self.dense(x))  # med_config hidden_act "gelu" = exact erf GELU
-
-
-class _BertOutput(nn.Module):
-    def __init__(self, intermediate: int, hidden: int, eps: float) -> None:
-        super().__init__()
-        self.dense = nn.Linear(intermediate, hidden)
-        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)  # noqa: N815 - checkpoint name
-
-    def forward(self, x: Tensor, residual: Tensor) -> Tensor:
-        out: Tensor = self.LayerNorm(self.dense(x) + residual)
-        return out
-
-
-class _BertLayer(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
-        hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("layer_norm_eps", 1e-12)
-        self.attention = _BertAttention(hidden, heads, hidden, eps)
-        self.crossattention = _BertAttention(hidden, heads, cfg["encoder_width"], eps)
-        self.intermediate = _BertIntermediate(hidden, cfg["intermediate_size"])
-        self.output = _BertOutput(cfg["intermediate_size"], hidden, eps)
-
-    def forward(self, x: Tensor, text_mask: Tensor, image_states: Tensor) -> Tensor:
-        x = self.attention(x, x, text_mask)
-        x = self.crossattention(x, image_states, None)  # all image tokens attended (encoder mask of ones)
-        out: Tensor = self.output(self.intermediate(x), x)
-        return out
-
-
-class _BertEmbeddings(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
-        hidden = cfg["hidden_size"]
-        self.word_embeddings = nn.Embedding(cfg["vocab_size"], hidden, padding_idx=cfg.get("pad_token_id", 0))
-        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], hidden)
-        self.LayerNorm = nn.LayerNorm(hidden, eps=cfg.get("layer_norm_eps", 1e-12))  # noqa: N815 - checkpoint name
-
-    def forward(self, input_ids: Tensor) -> Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        out: Tensor = self.LayerNorm(self.word_embeddings(input_ids) + self.position_embeddings(positions)[None])
-        return out
-
-
-class _BertEncoder(nn.Module):
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__()
-        self.layer = nn.ModuleList([_BertLayer(cfg) for _ in range(cfg["num_hidden_layers"])])
-
-
-class MedBertModel(nn.Module):
-    """BLIP's multimodal BERT encoder (``models/BLIP/med.py``, ``mode="multimodal"``), inference only; parameter
-    names match ``blip.text_encoder.*``.
-
-    Args:
-        config: ``med_config.json`` contents with ``encoder_width`` set to the vision width.
-    """
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        super().__init__()
-        self.config = dict(config)
-        self.embeddings = _BertEmbeddings(config)
-        self.encoder = _BertEncoder(config)
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, image_states: Tensor) -> Tensor:
-        """Last hidden states ``[B, T, hidden]``."""
-        x = self.embeddings(input_ids)
-        # med.get_extended_attention_mask (encoder, not decoder): (1 - mask) * -10000 broadcast over heads/queries.
-        additive = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0
-        for layer in self.encoder.layer:
-            x = layer(x, additive, image_states)
-        return x
-
-
-class _Blip(nn.Module):
-    def __init__(self, vision: BlipVisionTransformer, text: MedBertModel) -> None:
-        super().__init__()
-        self.visual_encoder = vision
-        self.text_encoder = text
+    if key in UNUSED_UPSTREAM_KEYS:
+        return None
+    for pattern, replacement in _RENAMES:
+        if pattern.fullmatch(key):
+            return pattern.sub(replacement, key)
+    raise KeyError(key)
 
 
 class ImageRewardModel(nn.Module):
-    """ViT + med BERT + MLP head with ImageReward's parameter names (``blip.*``, ``mlp.layers.*``).
+    """BLIP vision tower + multimodal BERT + MLP head computing ``ImageReward.score``.
 
     Args:
-        vision: The BLIP vision transformer.
-        text: The multimodal BERT.
+        vision_config: transformers ``BlipVisionConfig`` of the ViT.
+        text_config: transformers ``BlipTextConfig`` of the med BERT (``encoder_hidden_size`` = ViT width).
     """
 
-    def __init__(self, vision: BlipVisionTransformer, text: MedBertModel) -> None:
+    def __init__(self, vision_config: Any, text_config: Any) -> None:
         super().__init__()
-        from .aesthetic import AestheticMLP  # same head layout as the LAION aesthetic predictor
+        from transformers import BlipTextModel, BlipVisionModel
 
-        self.blip = _Blip(vision, text)
-        self.mlp = AestheticMLP(int(text.config["hidden_size"]))
+        from .aesthetic import AestheticMLP  # same head layout as ImageReward.MLP
+
+        if not text_config.is_decoder:
+            raise ValueError("text_config.is_decoder must be True: it is what gives BlipTextModel its cross-attention")
+        self.image_size = int(vision_config.image_size)
+        self.vision_width = int(vision_config.hidden_size)
+        self.vision: nn.Module = BlipVisionModel(vision_config)
+        self.text: nn.Module = BlipTextModel(text_config, add_pooling_layer=False)
+        self.head = AestheticMLP(int(text_config.hidden_size))
+        self.max_positions = int(text_config.max_position_embeddings)
 
     def forward(self, pixels: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Standardised reward ``[B]`` (``ImageReward.score``)."""
-        image_states = self.blip.visual_encoder(pixels)
-        text_states = self.blip.text_encoder(input_ids, attention_mask, image_states)
-        raw = self.mlp(text_states[:, 0, :].float()).squeeze(1)
+        """Standardised reward ``[B]`` from normalised ``pixels`` and the tokenised prompt."""
+        image_states = self.vision(pixel_values=pixels).last_hidden_state
+        # Upstream passes an all-ones encoder mask (every image token attended); no mask is the same.
+        text_states = self.text(
+            input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=image_states
+        ).last_hidden_state
+        raw: Tensor = self.head(text_states[:, 0, :].float()).squeeze(1)
         return (raw - REWARD_MEAN) / REWARD_STD
+
+
+def configs_from_checkpoint(
+    state: dict[str, Tensor], med: dict[str, Any], source: object = "checkpoint"
+) -> tuple[Any, Any]:
+    """``BlipVisionConfig`` sized from the checkpoint's ViT tensors and ``BlipTextConfig`` from ``med_config.json``.
+
+    Args:
+        state: The upstream-named state dict (tensors may be on the meta device; only shapes are read).
+        med: ``med_config.json`` contents.
+        source: Where ``state`` came from (for error messages).
+    """
+    from transformers import BlipTextConfig, BlipVisionConfig
+
+    try:
+        patch = state["blip.visual_encoder.patch_embed.proj.weight"]
+        pos = state["blip.visual_encoder.pos_embed"]
+        mlp_hidden = int(state["blip.visual_encoder.blocks.0.mlp.fc1.weight"].shape[0])
+    except KeyError as err:
+        raise ValueError(f"{source}: not an ImageReward checkpoint (missing {err})") from err
+    width, patch_size = int(patch.shape[0]), int(patch.shape[-1])
+    depth = len({k.split(".")[3] for k in state if k.startswith("blip.visual_encoder.blocks.")})
+    vision = BlipVisionConfig(
+        hidden_size=width,
+        intermediate_size=mlp_hidden,
+        num_hidden_layers=depth,
+        num_attention_heads=max(1, width // 64),  # blip.py create_vit: 12 heads at 768, 16 at 1024
+        image_size=int(round(math.sqrt(pos.shape[1] - 1))) * patch_size,
+        patch_size=patch_size,
+        hidden_act="gelu",  # vit.py Mlp: nn.GELU (exact)
+        layer_norm_eps=VIT_LAYER_NORM_EPS,
+        attention_dropout=0.0,
+    )
+    kind = med.get("position_embedding_type", "absolute")
+    if kind != "absolute":
+        raise ValueError(f"med_config.json: position_embedding_type {kind!r} is not supported (ImageReward: absolute)")
+    missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads") if k not in med]
+    if missing:
+        raise ValueError(f"med_config.json: missing field(s) {missing}")
+    text = BlipTextConfig(
+        vocab_size=int(med["vocab_size"]),
+        hidden_size=int(med["hidden_size"]),
+        encoder_hidden_size=width,  # blip_pretrain.py: encoder_config.encoder_width = vision_width
+        intermediate_size=int(med.get("intermediate_size", 4 * int(med["hidden_size"]))),
+        num_hidden_layers=int(med["num_hidden_layers"]),
+        num_attention_heads=int(med["num_attention_heads"]),
+        max_position_embeddings=int(med.get("max_position_embeddings", 512)),
+        hidden_act=str(med.get("hidden_act", "gelu")),
+        layer_norm_eps=float(med.get("layer_norm_eps", 1e-12)),
+        pad_token_id=int(med.get("pad_token_id", 0)),
+        bos_token_id=None,  # generation-only ids; BlipTextConfig's defaults assume BERT's 30524-token vocabulary
+        eos_token_id=None,
+        sep_token_id=None,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        is_decoder=True,  # builds the cross-attention of every layer; forward still runs bidirectionally
+    )
+    return vision, text
+
+
+def imagereward_from_state_dict(
+    state: dict[str, Tensor], med: dict[str, Any], source: object = "checkpoint"
+) -> ImageRewardModel:
+    """Rename an upstream ``ImageReward`` state dict and load it strictly into a new :class:`ImageRewardModel`.
+
+    The model is built on the meta device and takes the checkpoint's tensors (``assign=True``), so no random
+    initialisation runs and no second copy of the weights is made; the parameters are then cast to fp32.
+    A leading ``module.`` (a DistributedDataParallel save) is stripped.
+
+    Raises:
+        ValueError: On a key the upstream module does not have, a missing parameter or a shape mismatch.
+    """
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    vision_cfg, text_cfg = configs_from_checkpoint(state, med, source)
+    renamed: dict[str, Tensor] = {}
+    unknown: list[str] = []
+    for key, value in state.items():
+        try:
+            ours = upstream_to_port_key(key)
+        except KeyError:
+            unknown.append(key)
+            continue
+        if ours is not None:
+            renamed[ours] = value
+    if unknown:
+        raise ValueError(f"{source}: keys an ImageReward checkpoint does not have: {sorted(unknown)[:8]}")
+    with torch.device("meta"):
+        model = ImageRewardModel(vision_cfg, text_cfg)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(renamed))
+    if missing:
+        raise ValueError(f"{source}: missing parameters {missing[:8]} (checkpoint/med_config mismatch?)")
+    wrong = [k for k in own if tuple(renamed[k].shape) != tuple(own[k].shape)]
+    if wrong:
+        raise ValueError(f"{source}: shape mismatch for {wrong[:8]} (does med_config.json match?)")
+    model.load_state_dict(renamed, strict=True, assign=True)
+    # The one non-persistent buffer (not in any checkpoint) is still on the meta device.
+    embeddings: Any = model.text.embeddings
+    embeddings.register_buffer("position_ids", torch.arange(model.max_positions).expand((1, -1)), persistent=False)
+    return model.float().eval().requires_grad_(False)
 
 
 def load_imagereward(
     checkpoint: str | os.PathLike[str], med_config: str | os.PathLike[str]
 ) -> tuple[ImageRewardModel, dict[str, Any]]:
-    """Build the model sized from ``med_config.json`` and the checkpoint's shapes, then load it strictly.
-
-    The checkpoint is read with ``torch.load(weights_only=True)`` (or safetensors). Keys ImageReward carries but
-    ``score`` never uses (``blip.vision_proj``, ``blip.text_proj``, position-id buffers, ...) are ignored; any
-    parameter of ours missing from the file is an error.
+    """Read ``ImageReward.pt`` (``torch.load(weights_only=True)``, or safetensors) and ``med_config.json`` and build
+    the model with :func:`imagereward_from_state_dict`.
 
     Returns:
-        The model (eval mode, on CPU) and the effective med config.
+        The model (eval mode, fp32, on CPU) and the med config with ``encoder_width`` set to the ViT width.
     """
     from ._common import load_state_dict_file
 
     state = load_state_dict_file(checkpoint)
-    cfg: dict[str, Any] = json.loads(Path(med_config).read_text())
-    try:
-        patch = state["blip.visual_encoder.patch_embed.proj.weight"]
-        pos = state["blip.visual_encoder.pos_embed"]
-    except KeyError as err:
-        raise ValueError(f"{checkpoint}: not an ImageReward checkpoint (missing {err})") from err
-    width, patch_size = int(patch.shape[0]), int(patch.shape[-1])
-    image_size = int(round(math.sqrt(pos.shape[1] - 1))) * patch_size
-    depth = len({k.split(".")[3] for k in state if k.startswith("blip.visual_encoder.blocks.")})
-    mlp_hidden = int(state["blip.visual_encoder.blocks.0.mlp.fc1.weight"].shape[0])
-    vision = BlipVisionTransformer(image_size, patch_size, width, depth, max(1, width // 64), mlp_hidden / width)
-    cfg["encoder_width"] = width  # blip_pretrain.py: encoder_config.encoder_width = vision_width
-    model = ImageRewardModel(vision, MedBertModel(cfg))
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    if missing:
-        raise ValueError(f"{checkpoint}: missing parameters {missing[:8]} (checkpoint/med_config mismatch?)")
-    wrong = [k for k in own if tuple(state[k].shape) != tuple(own[k].shape)]
-    if wrong:
-        raise ValueError(f"{checkpoint}: shape mismatch for {wrong[:8]} (does med_config.json match?)")
-    model.load_state_dict({k: state[k] for k in own})
-    return model.eval().requires_grad_(False), cfg
+    med: dict[str, Any] = json.loads(Path(med_config).read_text())
+    model = imagereward_from_state_dict(state, med, checkpoint)
+    return model, dict(med, encoder_width=model.vision_width)
 
 
 def load_blip_tokenizer(tokenizer_dir: str | os.PathLike[str], expected_vocab: int) -> Any:
     """``bert-base-uncased`` tokenizer from a local directory plus BLIP's ``[DEC]`` and ``[ENC]`` tokens
-    (``blip.init_tokenizer``), checked against the text tower's vocabulary size (30524 for the release)."""
+    (``blip.py`` ``init_tokenizer``), checked against the text tower's vocabulary size (30524 for the release)."""
     from transformers import BertTokenizer
 
     tokenizer = BertTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     tokenizer.add_special_tokens({"bos_token": "[DEC]"})
     tokenizer.add_tokens(["[ENC]"], special_tokens=True)
-    # A failed hub lookup silently yields a 5-token vocabulary mapping every word to [UNK] (feasibility.md 4).
+    # A wrong or incomplete tokenizer directory (e.g. BERT's 5 special tokens only) maps every word to [UNK].
     if len(tokenizer) != expected_vocab:
         raise ValueError(
             f"image-reward: tokenizer from {tokenizer_dir} has {len(tokenizer)} tokens after adding [DEC]/[ENC], "
@@ -392,8 +343,9 @@ class ImageRewardReward(RewardSource):
         model, cfg = load_imagereward(ckpt, med)
         self._tokenizer = load_blip_tokenizer(tok, int(cfg["vocab_size"]))
         self._device = torch.device(device)
-        model.blip.to(device=self._device, dtype=self.dtype)
-        model.mlp.to(device=self._device)
+        model.vision.to(device=self._device, dtype=self.dtype)
+        model.text.to(device=self._device, dtype=self.dtype)
+        model.head.to(device=self._device)  # the head stays fp32, as upstream's ``.float()`` before ``mlp``
         self._model = model
 
     @torch.no_grad()
@@ -402,7 +354,7 @@ class ImageRewardReward(RewardSource):
         check_images(self.name, images, prompts)
         if self._model is None:
             raise RuntimeError(f"{self.name}: call setup(device) before score()")
-        size = self._model.blip.visual_encoder.image_size
+        size = self._model.image_size
         pixels = clip_preprocess(
             images, size, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, device=self._device, dtype=self.dtype
         )  # ImageReward._transform: Resize(bicubic) + CenterCrop + ToTensor + Normalize (CLIP statistics)

@@ -1,8 +1,9 @@
 """PickScore (Kirstain et al. 2023, ``yuvalkirstain/PickScore_v1``): a CLIP-H fine-tuned on Pick-a-Pic preferences.
 
 Official scoring: ``logit_scale.exp() * cos(text_emb, image_emb)`` with L2-normalised projected embeddings, processor
-``laion/CLIP-ViT-H-14-laion2B-s32B-b79K`` (algorithms.md 8.5). Typical values ≈ 18-23. Flow-GRPO divides that by 26
-(``convention="flow-grpo"``); ``convention="cosine"`` returns the raw cosine.
+``laion/CLIP-ViT-H-14-laion2B-s32B-b79K`` (``yuvalkirstain/PickScore README.md@f79607f``). Typical values ≈ 18-23.
+Flow-GRPO divides that by 26 (``yifan123/flow_grpo flow_grpo/pickscore_scorer.py@ac4c86e``;
+``convention="flow-grpo"``); ``convention="cosine"`` returns the raw cosine.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class PickScoreReward(RewardSource):
         ).is_file():
             clip = HFClip.load_preprocessing_from(clip, tok_path)
         model: Any = clip.model
-        # Tokenizer trap (feasibility.md 4): a broken lookup yields a tiny vocabulary mapping words to UNK.
+        # A broken tokenizer (e.g. a failed download) has a tiny vocabulary that maps words to UNK.
         vocab = int(model.config.text_config.vocab_size)
         if len(tokenizer) != vocab:
             raise ValueError(

@@ -1,8 +1,9 @@
 """A reward computed by another process or machine over HTTP (see :mod:`rlpost_rewards.server`).
 
 Remote rewards isolate conflicting reward stacks (ImageReward's old pins, HPS's protobuf) from the trainer's
-environment and let one GPU host score for several trainers (algorithms.md 8.6; ecosystem.md section 2
-"reward servers as the isolation story"). The wire format is JSON + base64 PNG (:mod:`rlpost_rewards._wire`).
+environment and let one GPU host score for several trainers (as the HTTP reward servers behind
+``kvablack/ddpo-pytorch ddpo_pytorch/rewards.py@1958463`` do). The wire format is JSON + base64 PNG
+(:mod:`rlpost_rewards._wire`).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def builtin_rewards() -> dict[str, type[RewardSource]]:
     from . import rlpost_register_reward_sources
 
     found: list[type[RewardSource]] = []
-    rlpost_register_reward_sources(found.append)  # type: ignore[arg-type]
+    rlpost_register_reward_sources(found.append)
     return {cls.name: cls for cls in found}
 
 
@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     reward.setup(torch.device(args.device))
     server = make_server(reward, args.host, args.port)
     host, port = server.server_address[:2]
+    host = host.decode() if isinstance(host, bytes) else host  # AF_INET gives str; the stub also allows bytes
     print(f"serving reward {reward.name!r} on http://{host}:{port} (GET /health, POST /score)", flush=True)
     try:
         server.serve_forever()

@@ -1,8 +1,8 @@
 """Overlap reward scoring with other work: score in a worker thread and get a future back.
 
-Flow-GRPO computes rewards in a thread pool while it samples the next batch of the same epoch (algorithms.md 8.6;
-trl ``async_reward_computation``). Torch releases the GIL inside kernels, so a CPU reward (JPEG, a remote call) or a
-reward on another GPU stream overlaps with that work::
+Flow-GRPO computes rewards in a thread pool while it samples the next batch of the same epoch
+(``yifan123/flow_grpo scripts/train_sd3.py@ac4c86e``: ``executor.submit(reward_fn, ...)``). Torch releases the GIL
+inside kernels, so a CPU reward (JPEG, a remote call) or a reward on another GPU stream overlaps with that work::
 
     scorer = ThreadedScorer(reward)
     future = scorer.submit(images, prompts, metadata)   # returns at once

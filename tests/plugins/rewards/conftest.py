@@ -76,7 +76,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def write_clip_tokenizer(out_dir: Path, num_merges: int = 600) -> int:
     """Write a small CLIP BPE tokenizer (``vocab.json`` + ``merges.txt``) from open_clip's bundled merges and save it
-    as a transformers ``CLIPTokenizer`` directory (feasibility.md Appendix A). Returns the vocabulary size."""
+    as a transformers ``CLIPTokenizer`` directory. Returns the vocabulary size."""
     import gzip
     import importlib.resources
 

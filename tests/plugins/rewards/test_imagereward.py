@@ -1,24 +1,37 @@
-"""ImageReward: tiny random checkpoint in the real format (``blip.*`` + ``mlp.layers.*``, ``med_config.json``, a
-BERT ``vocab.txt``), loaded through the production loader and checked against an independent computation built
-from timm's ViT (same parameter names as BLIP's) and ``torch.nn.MultiheadAttention``."""
+"""ImageReward: the port (transformers ``BlipVisionModel``/``BlipTextModel`` + a key-renaming map) against code it
+shares nothing with.
+
+Why not the upstream package as the reference: ``image-reward`` 1.5 requires ``timm==0.6.13`` and
+``fairscale==0.4.13`` (conflicting with ``constraints/cpu.txt``), imports OpenAI ``clip`` (not on PyPI), and its
+``models/BLIP/med.py`` imports names transformers 5 removed, so CI cannot install or import it. Instead:
+
+* ``data/imagereward_v1_shapes.json`` holds the state-dict names and shapes of upstream's own ``ImageReward`` module
+  at full size, recorded by ``data/record_imagereward_shapes.py`` from the ``image-reward`` wheel. That is the key
+  set of the released ``ImageReward.pt``; it must load strictly (checked on the meta device, no weights needed).
+* :func:`upstream_shapes` restates that module's names and shapes from the upstream source for any size; it must
+  reproduce the recorded file at full size, and then gives tiny random checkpoints in the real format.
+* :func:`upstream_score` restates ``ImageReward.score_gard`` (``THUDM/ImageReward ImageReward/ImageReward.py``,
+  ``models/BLIP/vit.py``, ``models/BLIP/med.py`` @c1392c6) in plain ``torch.nn.functional`` on those names, and
+  :func:`upstream_pixels` restates ``ImageReward._transform`` on PIL images. The production reward must agree with
+  them to 1e-4 relative, which catches a wrong normalisation, a dropped projection or swapped layers.
+"""
 
 from __future__ import annotations
 
 import json
-from functools import partial
+import math
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from torch import nn
 
 import rlpost_rewards.imagereward as ir
-from rlpost_rewards._common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, clip_preprocess
 from rlpost_rewards._paths import CheckpointNotFoundError
 
 from .conftest import PROMPTS, LoadCounter, check_reward_contract, make_images
 
+DATA = Path(__file__).parent / "data"
 WORDS = "a photo of cat red car on street an astronaut riding horse bowl fruit watercolor painting mountains dog"
 WORDS += " wearing sunglasses city at night plate sushi the"
 MED = {
@@ -34,115 +47,309 @@ MED = {
     "add_cross_attention": True,
     "encoder_width": 768,
 }
-VIT = {"image_size": 32, "patch_size": 8, "width": 128, "depth": 2}  # heads = width / 64 = 2
+# BLIP's create_vit ties heads to width (12 at 768, 16 at 1024: width / 64); here 128 / 64 = 2.
+VIT = {"image_size": 32, "patch_size": 8, "width": 128, "depth": 2, "mlp_ratio": 4}
+# ImageReward.py: ImageReward.__init__ and _transform.
+IR_MEAN, IR_STD = 0.16717362830052426, 1.0333394966054072
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+
+
+# ----------------------------------------------------------------------------- restatement of upstream
+
+
+def upstream_shapes(vit: dict, med: dict, embed_dim: int = 256, mlp_in: int | None = None) -> dict[str, list[int]]:
+    """Names and shapes of ``ImageReward(med_config).state_dict()``: ``blip`` = ``BLIP_Pretrain`` (ViT from
+    ``vit.py``, ``BertModel(add_pooling_layer=False)`` from ``med.py``, ``vision_proj``/``text_proj`` to
+    ``embed_dim``), then ``mlp`` = ``MLP(768)`` (``mlp_in`` overrides 768 for tiny text towers)."""
+    d, p, n = vit["width"], vit["patch_size"], (vit["image_size"] // vit["patch_size"]) ** 2
+    h, hid, inter = med["hidden_size"], vit["width"] * vit["mlp_ratio"], med["intermediate_size"]
+    out: dict[str, list[int]] = {}
+
+    def linear(name: str, o: int, i: int) -> None:
+        out[f"{name}.weight"], out[f"{name}.bias"] = [o, i], [o]
+
+    def norm(name: str, width: int) -> None:
+        out[f"{name}.weight"], out[f"{name}.bias"] = [width], [width]
+
+    v = "blip.visual_encoder"
+    out[f"{v}.cls_token"], out[f"{v}.pos_embed"] = [1, 1, d], [1, n + 1, d]
+    out[f"{v}.patch_embed.proj.weight"], out[f"{v}.patch_embed.proj.bias"] = [d, 3, p, p], [d]
+    for i in range(vit["depth"]):
+        b = f"{v}.blocks.{i}"
+        norm(f"{b}.norm1", d)
+        linear(f"{b}.attn.qkv", 3 * d, d)
+        linear(f"{b}.attn.proj", d, d)
+        norm(f"{b}.norm2", d)
+        linear(f"{b}.mlp.fc1", hid, d)
+        linear(f"{b}.mlp.fc2", d, hid)
+    norm(f"{v}.norm", d)
+    t = "blip.text_encoder"
+    out[f"{t}.embeddings.position_ids"] = [1, med["max_position_embeddings"]]  # persistent buffer in med.py
+    out[f"{t}.embeddings.word_embeddings.weight"] = [med["vocab_size"], h]
+    out[f"{t}.embeddings.position_embeddings.weight"] = [med["max_position_embeddings"], h]
+    norm(f"{t}.embeddings.LayerNorm", h)
+    for i in range(med["num_hidden_layers"]):
+        layer = f"{t}.encoder.layer.{i}"
+        for block, kv_width in (("attention", h), ("crossattention", d)):  # cross-attention keys read the ViT
+            linear(f"{layer}.{block}.self.query", h, h)
+            linear(f"{layer}.{block}.self.key", h, kv_width)
+            linear(f"{layer}.{block}.self.value", h, kv_width)
+            linear(f"{layer}.{block}.output.dense", h, h)
+            norm(f"{layer}.{block}.output.LayerNorm", h)
+        linear(f"{layer}.intermediate.dense", inter, h)
+        linear(f"{layer}.output.dense", h, inter)
+        norm(f"{layer}.output.LayerNorm", h)
+    linear("blip.vision_proj", embed_dim, d)
+    linear("blip.text_proj", embed_dim, h)
+    head = ((1024, mlp_in or 768), (128, 1024), (64, 128), (16, 64), (1, 16))
+    for j, (o, i) in zip((0, 2, 4, 6, 7), head, strict=True):
+        linear(f"mlp.layers.{j}", o, i)
+    return out
+
+
+def random_upstream_state(shapes: dict[str, list[int]], seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random tensors for ``shapes``, scaled so every layer matters: linear/conv weights ~ 1/sqrt(fan_in), norm
+    weights ~ 1 ± 0.1, biases and embeddings O(0.1-1)."""
+    g = torch.Generator().manual_seed(seed)
+    state: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        if name.endswith("position_ids"):
+            state[name] = torch.arange(shape[1])[None]
+        elif "norm" in name.lower() and name.endswith("weight"):
+            state[name] = 1 + 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith("embeddings.weight") or name.endswith(("cls_token", "pos_embed")):
+            state[name] = torch.randn(shape, generator=g)
+        elif len(shape) >= 2:
+            state[name] = torch.randn(shape, generator=g) / math.sqrt(math.prod(shape[1:]))
+        else:
+            state[name] = 0.1 * torch.randn(shape, generator=g)
+    return state
+
+
+def upstream_pixels(images: torch.Tensor, size: int) -> torch.Tensor:
+    """``ImageReward._transform(size)`` on PIL images: Resize(bicubic) -> CenterCrop -> RGB -> ToTensor -> Normalize."""
+    from PIL import Image
+    from torchvision import transforms as T  # noqa: N812
+
+    transform = T.Compose(
+        [
+            T.Resize(size, interpolation=T.InterpolationMode.BICUBIC),
+            T.CenterCrop(size),
+            T.ToTensor(),
+            T.Normalize(CLIP_MEAN, CLIP_STD),
+        ]
+    )
+    return torch.stack([transform(Image.fromarray(a).convert("RGB")) for a in images.numpy()])
+
+
+def upstream_score(
+    sd: dict[str, torch.Tensor], med: dict, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """``ImageReward.score_gard``: ViT -> multimodal BERT (cross-attention to all image tokens) -> MLP on [CLS] ->
+    ``(r - mean) / std``, on upstream parameter names."""
+
+    def lin(x: torch.Tensor, name: str) -> torch.Tensor:
+        return F.linear(x, sd[f"{name}.weight"], sd[f"{name}.bias"])
+
+    def ln(x: torch.Tensor, name: str, eps: float) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], sd[f"{name}.weight"], sd[f"{name}.bias"], eps)
+
+    def heads(x: torch.Tensor, n: int) -> torch.Tensor:  # [B, T, C] -> [B, n, T, C/n]
+        return x.unflatten(-1, (n, -1)).transpose(1, 2)
+
+    # vit.py VisionTransformer.forward (pre-norm blocks, eps 1e-6, scale head_dim^-0.5, exact GELU)
+    v = "blip.visual_encoder"
+    w = sd[f"{v}.patch_embed.proj.weight"]
+    x = F.conv2d(pixels, w, sd[f"{v}.patch_embed.proj.bias"], stride=w.shape[-1]).flatten(2).transpose(1, 2)
+    x = torch.cat([sd[f"{v}.cls_token"].expand(x.shape[0], -1, -1), x], dim=1)
+    x = x + sd[f"{v}.pos_embed"][:, : x.shape[1]]
+    nh = sd[f"{v}.cls_token"].shape[-1] // 64
+    for i in range(len({k.split(".")[3] for k in sd if k.startswith(f"{v}.blocks.")})):
+        b = f"{v}.blocks.{i}"
+        q, k, val = lin(ln(x, f"{b}.norm1", 1e-6), f"{b}.attn.qkv").chunk(3, dim=-1)
+        q, k, val = heads(q, nh), heads(k, nh), heads(val, nh)
+        attn = ((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5).softmax(-1)
+        x = x + lin((attn @ val).transpose(1, 2).flatten(2), f"{b}.attn.proj")
+        x = x + lin(F.gelu(lin(ln(x, f"{b}.norm2", 1e-6), f"{b}.mlp.fc1")), f"{b}.mlp.fc2")
+    image = ln(x, f"{v}.norm", 1e-6)
+
+    # med.py BertModel.forward(mode="multimodal"): post-norm layers, encoder mask (1 - m) * -10000, all-ones image mask
+    t, eps, nt = "blip.text_encoder", med["layer_norm_eps"], med["num_attention_heads"]
+    positions = sd[f"{t}.embeddings.position_ids"][:, : ids.shape[1]]
+    y = sd[f"{t}.embeddings.word_embeddings.weight"][ids] + sd[f"{t}.embeddings.position_embeddings.weight"][positions]
+    y = ln(y, f"{t}.embeddings.LayerNorm", eps)
+    additive = (1.0 - mask[:, None, None, :].float()) * -10000.0
+
+    def bert_attention(y: torch.Tensor, ctx: torch.Tensor, pre: str, bias: torch.Tensor | None) -> torch.Tensor:
+        q, k = heads(lin(y, f"{pre}.self.query"), nt), heads(lin(ctx, f"{pre}.self.key"), nt)
+        val = heads(lin(ctx, f"{pre}.self.value"), nt)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        probs = (scores if bias is None else scores + bias).softmax(-1)
+        context = (probs @ val).transpose(1, 2).flatten(2)
+        return ln(lin(context, f"{pre}.output.dense") + y, f"{pre}.output.LayerNorm", eps)
+
+    for i in range(med["num_hidden_layers"]):
+        layer = f"{t}.encoder.layer.{i}"
+        y = bert_attention(y, y, f"{layer}.attention", additive)
+        y = bert_attention(y, image, f"{layer}.crossattention", None)
+        hidden = F.gelu(lin(y, f"{layer}.intermediate.dense"))
+        y = ln(lin(hidden, f"{layer}.output.dense") + y, f"{layer}.output.LayerNorm", eps)
+
+    r = y[:, 0, :].float()
+    for j in (0, 2, 4, 6, 7):  # MLP: Linear/Dropout stack, no non-linearity
+        r = lin(r, f"mlp.layers.{j}")
+    return ((r - IR_MEAN) / IR_STD).squeeze(1)
+
+
+def upstream_tokenize(tok_dir: Path, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``blip.init_tokenizer`` + ``ImageReward.score``'s call (max_length padding to 35, truncation)."""
+    from transformers import BertTokenizer
+
+    tokenizer = BertTokenizer.from_pretrained(str(tok_dir))
+    tokenizer.add_special_tokens({"bos_token": "[DEC]"})
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
+    out = tokenizer(prompts, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
+    return out["input_ids"], out["attention_mask"]
+
+
+# --------------------------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
-def ir_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def ir_files(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Tiny ``ImageReward.pt`` (upstream names, random weights), ``med_config.json`` and a BERT tokenizer dir."""
     from transformers import BertTokenizer
 
     root = tmp_path_factory.mktemp("imagereward")
     raw = root / "raw_vocab.txt"
-    vocab = [
-        "[PAD]",
-        "[UNK]",
-        "[CLS]",
-        "[SEP]",
-        "[MASK]",
-        *sorted(set(WORDS.split()) | set("bcdefghijklmnopqrstuvwxyz")),
-    ]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab += sorted(set(WORDS.split()) | set("bcdefghijklmnopqrstuvwxyz"))
     raw.write_text("\n".join(vocab) + "\n")
     tok_dir = root / "bert-base-uncased"
     BertTokenizer(str(raw)).save_pretrained(str(tok_dir))
     med = dict(MED, vocab_size=len(vocab) + 2)  # + BLIP's [DEC] and [ENC]
     (root / "ImageReward").mkdir()
     (root / "ImageReward" / "med_config.json").write_text(json.dumps(med))
-    torch.manual_seed(0)
-    vision = ir.BlipVisionTransformer(VIT["image_size"], VIT["patch_size"], VIT["width"], VIT["depth"], 2)
-    model = ir.ImageRewardModel(vision, ir.MedBertModel(dict(med, encoder_width=VIT["width"])))
-    state = {k: torch.randn_like(v) * 0.2 for k, v in model.state_dict().items()}
-    # keys the released checkpoint carries that score() never uses
-    state["blip.vision_proj.weight"] = torch.zeros(8, VIT["width"])
-    state["blip.text_encoder.embeddings.position_ids"] = torch.arange(40)[None]
-    torch.save(state, root / "ImageReward" / "ImageReward.pt")
-    return {"root": root, "tok": tok_dir, "ckpt": root / "ImageReward" / "ImageReward.pt", "state": state}  # type: ignore[dict-item]
+    state = random_upstream_state(upstream_shapes(VIT, med, embed_dim=8, mlp_in=MED["hidden_size"]))
+    torch.save(state, root / "ImageReward" / "ImageReward.pt")  # upstream saves model.state_dict() as is
+    return {"root": root, "tok": tok_dir, "ckpt": root / "ImageReward" / "ImageReward.pt", "state": state, "med": med}
 
 
-def _reference(state: dict[str, torch.Tensor], med: dict, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor):  # noqa: ANN201
-    """Independent forward: timm ViT for ``blip.visual_encoder``; nn.MultiheadAttention-based med BERT."""
-    from timm.models.vision_transformer import VisionTransformer
-
-    vit = VisionTransformer(
-        img_size=VIT["image_size"], patch_size=VIT["patch_size"], embed_dim=VIT["width"], depth=VIT["depth"],
-        num_heads=2, num_classes=0, global_pool="", qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6),
-    ).eval()  # fmt: skip
-    vit.load_state_dict({k.removeprefix("blip.visual_encoder."): v for k, v in state.items() if "visual_encoder" in k})
-    img = vit.forward_features(pixels)
-
-    def p(name: str) -> torch.Tensor:
-        return state[f"blip.text_encoder.{name}"]
-
-    def ln(x: torch.Tensor, name: str) -> torch.Tensor:
-        return F.layer_norm(x, x.shape[-1:], p(f"{name}.weight"), p(f"{name}.bias"), eps=1e-12)
-
-    def attend(x: torch.Tensor, ctx: torch.Tensor, pre: str, pad: torch.Tensor | None) -> torch.Tensor:
-        d, kd = x.shape[-1], ctx.shape[-1]
-        mha = nn.MultiheadAttention(d, med["num_attention_heads"], kdim=kd, vdim=kd, batch_first=True)
-        with torch.no_grad():
-            qkv = [p(f"{pre}.self.{n}.weight") for n in ("query", "key", "value")]
-            if mha.in_proj_weight is not None:  # packed when key width == query width
-                mha.in_proj_weight.copy_(torch.cat(qkv))
-            else:
-                mha.q_proj_weight.copy_(qkv[0])
-                mha.k_proj_weight.copy_(qkv[1])
-                mha.v_proj_weight.copy_(qkv[2])
-            mha.in_proj_bias.copy_(torch.cat([p(f"{pre}.self.{n}.bias") for n in ("query", "key", "value")]))
-            mha.out_proj.weight.copy_(torch.eye(d))
-            mha.out_proj.bias.zero_()
-        out = mha(x, ctx, ctx, key_padding_mask=pad, need_weights=False)[0]
-        return ln(
-            F.linear(out, p(f"{pre}.output.dense.weight"), p(f"{pre}.output.dense.bias")) + x, f"{pre}.output.LayerNorm"
-        )
-
-    x = p("embeddings.word_embeddings.weight")[ids] + p("embeddings.position_embeddings.weight")[: ids.shape[1]]
-    x = ln(x, "embeddings.LayerNorm")
-    for i in range(med["num_hidden_layers"]):
-        pre = f"encoder.layer.{i}"
-        x = attend(x, x, f"{pre}.attention", mask == 0)
-        x = attend(x, img, f"{pre}.crossattention", None)
-        h = F.gelu(F.linear(x, p(f"{pre}.intermediate.dense.weight"), p(f"{pre}.intermediate.dense.bias")))
-        x = ln(
-            F.linear(h, p(f"{pre}.output.dense.weight"), p(f"{pre}.output.dense.bias")) + x, f"{pre}.output.LayerNorm"
-        )
-    h = x[:, 0]
-    for j in (0, 2, 4, 6, 7):
-        h = F.linear(h, state[f"mlp.layers.{j}.weight"], state[f"mlp.layers.{j}.bias"])
-    return (h.squeeze(1) - 0.16717362830052426) / 1.0333394966054072
+# ------------------------------------------------------------------------------------------------ tests
 
 
-def test_imagereward_matches_independent_forward(ir_files, monkeypatch) -> None:
+def test_restated_key_set_equals_upstream_module() -> None:
+    recorded = json.loads((DATA / "imagereward_v1_shapes.json").read_text())
+    vit_large = {"image_size": 224, "patch_size": 16, "width": 1024, "depth": 24, "mlp_ratio": 4}  # create_vit "large"
+    assert upstream_shapes(vit_large, recorded["med_config"]) == recorded["state_dict_shapes"]
+
+
+def test_released_key_set_loads_strictly() -> None:
+    """Every key of the released checkpoint's format maps to a parameter of the port with the same shape, and every
+    parameter of the port is covered (on the meta device: names and shapes only)."""
+    recorded = json.loads((DATA / "imagereward_v1_shapes.json").read_text())
+    state = {k: torch.empty(s, device="meta") for k, s in recorded["state_dict_shapes"].items()}
+    model = ir.imagereward_from_state_dict(state, recorded["med_config"], "ImageReward.pt key set")
+    assert model.image_size == 224 and model.vision.config.num_attention_heads == 16
+    assert model.text.config.encoder_hidden_size == 1024 and model.text.config.num_hidden_layers == 12
+    used = {k: s for k, s in recorded["state_dict_shapes"].items() if k not in ir.UNUSED_UPSTREAM_KEYS}
+    assert sum(p.numel() for p in model.parameters()) == sum(math.prod(s) for s in used.values())
+    assert set(ir.UNUSED_UPSTREAM_KEYS) <= set(recorded["state_dict_shapes"])
+
+
+@pytest.mark.parametrize(
+    ("upstream", "ours"),
+    [
+        ("blip.visual_encoder.cls_token", "vision.embeddings.class_embedding"),
+        ("blip.visual_encoder.pos_embed", "vision.embeddings.position_embedding"),
+        ("blip.visual_encoder.patch_embed.proj.weight", "vision.embeddings.patch_embedding.weight"),
+        ("blip.visual_encoder.blocks.11.norm1.bias", "vision.encoder.layers.11.layer_norm1.bias"),
+        ("blip.visual_encoder.blocks.3.norm2.weight", "vision.encoder.layers.3.layer_norm2.weight"),
+        ("blip.visual_encoder.blocks.0.attn.qkv.weight", "vision.encoder.layers.0.self_attn.qkv.weight"),
+        ("blip.visual_encoder.blocks.23.attn.proj.bias", "vision.encoder.layers.23.self_attn.projection.bias"),
+        ("blip.visual_encoder.blocks.2.mlp.fc2.weight", "vision.encoder.layers.2.mlp.fc2.weight"),
+        ("blip.visual_encoder.norm.weight", "vision.post_layernorm.weight"),
+        ("blip.text_encoder.embeddings.LayerNorm.bias", "text.embeddings.LayerNorm.bias"),
+        (
+            "blip.text_encoder.encoder.layer.7.crossattention.self.key.weight",
+            "text.encoder.layer.7.crossattention.self.key.weight",
+        ),
+        ("mlp.layers.6.weight", "head.layers.6.weight"),
+        ("blip.vision_proj.weight", None),
+        ("blip.text_proj.bias", None),
+        ("blip.text_encoder.embeddings.position_ids", None),
+    ],
+)
+def test_key_map(upstream: str, ours: str | None) -> None:
+    assert ir.upstream_to_port_key(upstream) == ours
+
+
+def test_key_map_rejects_unknown_names() -> None:
+    for key in (
+        "blip.visual_encoder.head.weight",
+        "blip.text_encoder.pooler.dense.weight",
+        "blip.text_encoder.embeddings.token_type_embeddings.weight",
+        "blip.text_encoder.encoder.layer.0.attention.self.distance_embedding.weight",
+        "mlp.layers.1.weight",
+    ):
+        with pytest.raises(KeyError):
+            ir.upstream_to_port_key(key)
+
+
+def test_imagereward_matches_upstream_restatement(ir_files, monkeypatch) -> None:
+    """Production path (files under $RLPOST_MODELS, tokenizer, batched tensor preprocessing) vs the restatement of
+    upstream's tokenizer, PIL transform and forward. 32 px inputs need no resize, so both paths see the same pixels
+    and must agree to fp32 rounding."""
     counter = LoadCounter(ir.load_imagereward)
     monkeypatch.setattr(ir, "load_imagereward", counter)
     monkeypatch.setenv("RLPOST_MODELS", str(ir_files["root"]))  # default names: ImageReward/..., bert-base-uncased/
     reward = ir.ImageRewardReward()
     reward.setup(torch.device("cpu"))
     reward.setup(torch.device("cpu"))
-    images = make_images(8, size=48)
-    scores = check_reward_contract(reward, images, PROMPTS)
     assert counter.calls == 1
-    tokens = reward._tokenizer(PROMPTS, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
-    assert tokens["input_ids"].shape == (8, 35) and (tokens["input_ids"] != 1).sum() > 8 * 4  # real words, not [UNK]
-    med = json.loads((ir_files["root"] / "ImageReward" / "med_config.json").read_text())
-    pixels = clip_preprocess(images, 32, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)
+    images = make_images(8, size=32)
+    scores = check_reward_contract(reward, images, PROMPTS)
+    ids, mask = upstream_tokenize(ir_files["tok"], PROMPTS)
+    assert ids.shape == (8, 35) and (ids != 1).sum() > 8 * 4  # real words, not [UNK]
     with torch.no_grad():
-        expected = _reference(ir_files["state"], med, pixels, tokens["input_ids"], tokens["attention_mask"])
-    torch.testing.assert_close(scores, expected, atol=1e-4, rtol=1e-4)
+        expected = upstream_score(ir_files["state"], ir_files["med"], upstream_pixels(images, 32), ids, mask)
+    assert expected.std() > 0.1  # the random model discriminates, so a wrong input would show
+    torch.testing.assert_close(scores, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_imagereward_resized_inputs_close_to_pil_path(ir_files) -> None:
+    """48 px inputs are resized: our uint8 tensor bicubic differs from PIL's only by rounding."""
+    reward = ir.ImageRewardReward(
+        checkpoint=str(ir_files["ckpt"]),
+        med_config=str(ir_files["root"] / "ImageReward" / "med_config.json"),
+        tokenizer_dir=str(ir_files["tok"]),
+    )
+    reward.setup(torch.device("cpu"))
+    images = make_images(8, size=48)
+    scores = reward.score(images, PROMPTS, [{}] * 8)
+    ids, mask = upstream_tokenize(ir_files["tok"], PROMPTS)
+    with torch.no_grad():
+        expected = upstream_score(ir_files["state"], ir_files["med"], upstream_pixels(images, 32), ids, mask)
+    torch.testing.assert_close(scores, expected, rtol=0, atol=5e-3)  # measured 4.4e-4; scores spread ~0.5
+
+
+def test_imagereward_ddp_prefix_and_unknown_keys(ir_files, tmp_path: Path) -> None:
+    med_path = ir_files["root"] / "ImageReward" / "med_config.json"
+    prefixed = {f"module.{k}": v for k, v in ir_files["state"].items()}
+    torch.save(prefixed, tmp_path / "ddp.pt")
+    a, _ = ir.load_imagereward(tmp_path / "ddp.pt", med_path)
+    b, _ = ir.load_imagereward(ir_files["ckpt"], med_path)
+    assert torch.equal(a.head.layers[7].weight, b.head.layers[7].weight)
+    extra = dict(ir_files["state"], **{"blip.itm_head.weight": torch.zeros(2, 32)})
+    torch.save(extra, tmp_path / "extra.pt")
+    with pytest.raises(ValueError, match=r"does not have: \['blip.itm_head.weight'\]"):
+        ir.load_imagereward(tmp_path / "extra.pt", med_path)
 
 
 def test_imagereward_tokenizer_vocab_check(ir_files, tmp_path: Path) -> None:
     from transformers import BertTokenizer
 
-    (tmp_path / "v.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")  # what a failed hub lookup gives
+    (tmp_path / "v.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")  # BERT's special tokens only
     BertTokenizer(str(tmp_path / "v.txt")).save_pretrained(str(tmp_path / "tok"))
     reward = ir.ImageRewardReward(
         checkpoint=str(ir_files["ckpt"]),
@@ -153,11 +360,16 @@ def test_imagereward_tokenizer_vocab_check(ir_files, tmp_path: Path) -> None:
         reward.setup(torch.device("cpu"))
 
 
-def test_imagereward_missing_files(tmp_path: Path, ir_files) -> None:
+def test_imagereward_missing_files_and_parameters(tmp_path: Path, ir_files) -> None:
     with pytest.raises(CheckpointNotFoundError, match=r"ImageReward\.pt.*THUDM/ImageReward"):
         ir.ImageRewardReward(checkpoint=str(tmp_path / "ImageReward.pt")).setup(torch.device("cpu"))
+    med_path = ir_files["root"] / "ImageReward" / "med_config.json"
     bad = dict(ir_files["state"])
     del bad["blip.text_encoder.encoder.layer.1.crossattention.self.key.weight"]
     torch.save(bad, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="missing parameters"):
-        ir.load_imagereward(tmp_path / "bad.pt", ir_files["root"] / "ImageReward" / "med_config.json")
+        ir.load_imagereward(tmp_path / "bad.pt", med_path)
+    wrong_med = tmp_path / "med.json"
+    wrong_med.write_text(json.dumps(dict(ir_files["med"], intermediate_size=48)))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        ir.load_imagereward(ir_files["ckpt"], wrong_med)
