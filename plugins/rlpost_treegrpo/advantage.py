@@ -98,12 +98,12 @@ def zero_std_fraction(values: Tensor, groups: Tensor) -> float:
 
 
 def _leaf_advantages(
-    rollout: Rollout, scores: RewardScores, mode: Literal["advantage", "reward"], eps: float
+    rollout: Rollout, scores: RewardScores, mode: Literal["advantage", "reward"], eps: float, unbiased: bool = True
 ) -> Tensor:
     """Per-prompt z-scored (unbiased std) and mixed leaf advantages, ``[S]`` fp32; exactly 0 for a prompt whose
     leaves all score the same (the shared z-score's guarantee), so the backup of such a prompt is 0 too."""
     groups = rollout.sample_group + rollout.group_offset
-    return mix_rewards(scores, groups, mode=mode, eps=eps).float()
+    return mix_rewards(scores, groups, mode=mode, eps=eps, unbiased=unbiased).float()
 
 
 def _common_metrics(rollout: Rollout, scores: RewardScores, leaf: Tensor, edges: Tensor) -> dict[str, float]:
@@ -124,7 +124,10 @@ class TreeBackupAdvantage(AdvantageEstimator):
         weights: ``"softmax"`` (the paper) or ``"uniform"`` (ablation: plain mean over children).
         multi_reward: ``"advantage"``: weighted sum of per-reward leaf z-scores (the paper's 0.8 HPS : 0.2 CLIP);
             ``"reward"``: z-score of the weighted reward sum.
-        eps: Added to each prompt's leaf std (unbiased, Bessel-corrected, as ``torch.std`` and DanceGRPO).
+        eps: Added to each prompt's leaf std.
+        std: ``"unbiased"`` (Bessel-corrected, as ``torch.std`` and DanceGRPO; the default) or ``"population"``
+            (``n`` in the denominator, as the official TreeGRPO code's leaf normalisation; the ``treegrpo-code``
+            presets use it). With 27 leaves the two differ by a factor ``sqrt(27/26)``, i.e. 1.9 %.
     """
 
     name: ClassVar[str] = "tree-backup"
@@ -136,15 +139,19 @@ class TreeBackupAdvantage(AdvantageEstimator):
         weights: Literal["softmax", "uniform"] = "softmax",
         multi_reward: Literal["advantage", "reward"] = "advantage",
         eps: float = 1e-8,
+        std: Literal["unbiased", "population"] = "unbiased",
     ) -> None:
         self.temperature = float(temperature)
         self.weights: Literal["softmax", "uniform"] = weights
         self.multi_reward: Literal["advantage", "reward"] = multi_reward
         self.eps = float(eps)
+        self.std: Literal["unbiased", "population"] = std
 
     def validate(self, recipe: object) -> list[str]:
-        """Check ``temperature`` and ``eps``."""
+        """Check ``temperature``, ``eps`` and ``std``."""
         problems = []
+        if self.std not in ("unbiased", "population"):
+            problems.append(f"advantage.init_args.std: must be 'unbiased' or 'population', got {self.std!r}")
         if not self.temperature > 0:
             problems.append(f"advantage.init_args.temperature: must be > 0, got {self.temperature}")
         if self.eps < 0:
@@ -153,7 +160,7 @@ class TreeBackupAdvantage(AdvantageEstimator):
 
     def estimate(self, rollout: Rollout, scores: RewardScores) -> Advantages:
         """Leaf z-scores, then the probability-weighted backup; advantage 0 on non-trainable edges."""
-        leaf = _leaf_advantages(rollout, scores, self.multi_reward, self.eps)
+        leaf = _leaf_advantages(rollout, scores, self.multi_reward, self.eps, unbiased=self.std == "unbiased")
         values, edge_w = backup_values(rollout, leaf, self.weights, self.temperature)
         edges = values[rollout.edge_child].nan_to_num(0.0)
         edges = torch.where(rollout.trainable, edges, torch.zeros_like(edges)).float()

@@ -99,6 +99,7 @@ def mix_rewards(
     mode: Literal["advantage", "reward"] = "advantage",
     eps: float = 1e-8,
     global_std: bool = False,
+    unbiased: bool = True,
 ) -> Tensor:
     """Combine per-source rewards into one per-sample, group-normalised signal.
 
@@ -109,6 +110,7 @@ def mix_rewards(
             per-reward z-scores.
         eps: Added to each group's standard deviation.
         global_std: Divide by the std of all values of the step instead of the group's (see :func:`group_zscore`).
+        unbiased: Bessel-corrected (``n - 1``) group std, as ``torch.std``; ``False`` for the population std.
 
     Returns:
         ``[S]`` fp32 mixed values; exactly 0 for a group in which every reward source is constant.
@@ -116,11 +118,11 @@ def mix_rewards(
     if not scores.scores:
         raise ValueError("mix_rewards: RewardScores holds no reward source")
     if mode == "reward":
-        return group_zscore(scores.weighted_sum(), groups, eps=eps, global_std=global_std)
+        return group_zscore(scores.weighted_sum(), groups, eps=eps, unbiased=unbiased, global_std=global_std)
     if mode == "advantage":
         total: Tensor | None = None
         for name, value in scores.scores.items():
-            term = scores.weights[name] * group_zscore(value, groups, eps=eps, global_std=global_std)
+            term = scores.weights[name] * group_zscore(value, groups, eps=eps, unbiased=unbiased, global_std=global_std)
             total = term if total is None else total + term
         assert total is not None
         return total

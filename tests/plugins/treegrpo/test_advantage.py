@@ -174,3 +174,16 @@ def test_sum_reduction_sharpens_weights() -> None:
 def test_validation_messages() -> None:
     problems = TreeBackupAdvantage(temperature=0.0, eps=-1.0).validate(None)
     assert any("temperature" in p for p in problems) and any("eps" in p for p in problems)
+
+
+def test_population_std_option_matches_the_official_code_normalisation() -> None:
+    """``std: population`` divides by the ddof-0 std (the official code's leaf normalisation); the default unbiased."""
+    r, rewards = two_level_tree()
+    t = torch.tensor(rewards, dtype=torch.float64)
+    population = (t - t.mean()) / t.std(unbiased=False)
+    out = TreeBackupAdvantage(std="population").estimate(r, scores(rewards))
+    torch.testing.assert_close(out.edges[3:7].double(), population, atol=1e-6, rtol=0)
+    default = TreeBackupAdvantage().estimate(r, scores(rewards))
+    # 4 leaves: the two differ by sqrt(4/3), far beyond the tolerance.
+    torch.testing.assert_close(out.edges[3:7] / default.edges[3:7], torch.full((4,), (4 / 3) ** 0.5), rtol=1e-5, atol=1e-6)
+    assert any("advantage.init_args.std" in p for p in TreeBackupAdvantage(std="ddof0").validate(None))  # type: ignore[arg-type]
