@@ -160,7 +160,9 @@ class Runner:
         else:
             self.backend = LocalBackend(params, optimizer, scheduler, r.run.max_grad_norm)
         self.stream = PromptStream(r.prompts.load(), seed=self.seed)
-        self.ema = EMA(params, r.ema) if r.ema is not None else None
+        if r.ema is not None:  # under ZeRO the EMA keeps only this rank's share of the weights
+            shards = self.backend.weight_shards() if isinstance(self.backend, DeepSpeedBackend) else None
+            self.ema = EMA(params, r.ema, shards)
         if r.eval is not None:
             self.evaluator = Evaluator(r.eval, r.model, self.rundir.path)
             self.evaluator.setup(self.device, already_set_up=r.rewards)
@@ -440,7 +442,11 @@ class Runner:
             else trainable_weights(self.backend.parameters)
         )
         state = self.state()
+        ema = self.ema.state_dict() if self.ema is not None else None  # collective under ZeRO, like the weights
         if not self.ctx.is_main_process:
+            # Rank 0 writes the artefacts with the EMA weights swapped in, a collective step under ZeRO: take part.
+            with self._published_weights():
+                pass
             self.shard.barrier()
             return None
         config_text = yaml.safe_dump(r.config, sort_keys=False)
@@ -463,7 +469,7 @@ class Runner:
             weights,
             state,
             extra=artefacts,
-            ema=self.ema.state_dict() if self.ema is not None else None,
+            ema=ema,
             manifest_extra=manifest,
         )
         (path.parent / "latest.json").write_text(json.dumps({"step": self.ctx.step, "path": path.name}))
