@@ -326,17 +326,21 @@ class ConsolidatedOptimizerState:
         if not states:
             return
         first = next(iter(states.values()))
-        keys = [k for k, v in first.items() if isinstance(v, Tensor) and v.numel() > 1]
+        keys = [k for k, v in first.items() if isinstance(v, Tensor) and v.dim() > 0]
         inner = self._inner()
         # torch optimizers create their state lazily at the first step; create the flat tensors now so the
         # fragments can be written into them (and re-link DeepSpeed's per-parameter views of that state).
-        for group in inner.param_groups:
-            for flat in group["params"]:
-                if not inner.state.get(flat):
-                    inner.state[flat] = {k: torch.zeros_like(flat) for k in keys}
-                for k, v in first.items():
-                    if k not in keys:
-                        inner.state[flat][k] = v.clone() if isinstance(v, Tensor) else v
+        # ZeRO-3 hands its fp32 partitions to the torch optimizer only during step() (its param groups are empty
+        # in between), so take them from the ZeRO optimizer itself.
+        flats = getattr(self.engine.optimizer, "fp32_partitioned_groups_flat", None)
+        if flats is None:
+            flats = [flat for group in inner.param_groups for flat in group["params"]]
+        for flat in flats:
+            if not inner.state.get(flat):
+                inner.state[flat] = {k: torch.zeros_like(flat) for k in keys}
+            for k, v in first.items():
+                if k not in keys:
+                    inner.state[flat][k] = v.clone() if isinstance(v, Tensor) else v
         relink = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
         if callable(relink):
             relink()
@@ -620,16 +624,22 @@ class DeepSpeedBackend(TrainBackend):
 
     @torch.no_grad()
     def load_full_weights(self, weights: dict[str, Tensor]) -> None:
-        """Copy consolidated weights into the live parameters and ZeRO's fp32 master partitions."""
+        """Copy consolidated weights into the live parameters and ZeRO's fp32 master partitions; a collective call
+        under ZeRO-3."""
         from deepspeed.utils import safe_set_full_fp32_param
 
         if len(weights) != len(self.parameters):
             raise CheckpointError(
                 f"the checkpoint holds {len(weights)} trainable tensors but the policy has {len(self.parameters)}"
             )
+        zero3 = [p for p in self.parameters if hasattr(p, "ds_id")]
         for i, p in enumerate(self.parameters):
             value = weights[f"trainable.{i:04d}"].to(torch.float32)
             if hasattr(p, "ds_id"):
+                if value.numel() != p.ds_numel:  # type: ignore[attr-defined]
+                    raise CheckpointError(
+                        f"trainable parameter {i}: checkpoint shape {tuple(value.shape)} != {tuple(p.ds_shape)}"  # type: ignore[attr-defined]
+                    )
                 safe_set_full_fp32_param(p, value.to(self.world.device))
                 continue
             if tuple(value.shape) != tuple(p.shape):
@@ -639,6 +649,10 @@ class DeepSpeedBackend(TrainBackend):
             p.copy_(value.to(p.device, p.dtype))
             if _is_zero_param(p):
                 safe_set_full_fp32_param(p, value.to(self.world.device))
+        if zero3:
+            # The fp32 master partitions alone would reach the module only after the next optimizer step (ZeRO-3
+            # copies master -> module partitions in step()): copy them now, as step() does.
+            _write_zero3_partitions(zero3, _Zero3Shards(zero3, self.world.device).local())
 
 
 def policy_module(policy: object) -> nn.Module | None:

@@ -1,5 +1,6 @@
 """EMA under DeepSpeed ZeRO-2 and ZeRO-3 on CPU ranks (gloo): no crash; EMA weights, held-out evaluation images and
-LoRA artefacts equal to those of a reference run whose EMA holds plain full copies; the EMA recursion holds.
+LoRA artefacts equal to those of a reference run whose EMA holds plain full copies; the EMA recursion holds; a ZeRO-3
+EMA run resumes (on another number of ranks) to the same result.
 
 The reference is one rank with ``zero_stage: 0`` (no sharding: the EMA shadows the parameters themselves). A run
 without a ``distributed`` section is no reference: it draws its rollouts from other RNG streams. Runs are compared
@@ -9,6 +10,8 @@ where their inputs are the same up to rounding (after step 1); after that, rollo
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +96,15 @@ def test_zero3_ema_matches_reference(runs: Path) -> None:
 def test_zero2_ema_matches_reference(runs: Path, tiny_sd3_dir: Path) -> None:
     _launch(_write(runs, "z2", _ema_recipe(tiny_sd3_dir, runs / "z2", zero_stage=2)), 2)
     _check_against_reference(runs, "z2")
+
+
+def test_zero3_ema_resume_on_one_rank(runs: Path, tiny_sd3_dir: Path) -> None:
+    """The 2-rank ZeRO-3 run's step-1 checkpoint, resumed by one ZeRO-3 rank (another partitioning of the weights,
+    optimizer state and EMA), reaches the uninterrupted run's step 2."""
+    shutil.copytree(runs / "z3", runs / "resumed")
+    shutil.rmtree(runs / "resumed" / "checkpoints" / "step_000002")
+    _launch(_write(runs, "resumed", _ema_recipe(tiny_sd3_dir, runs / "resumed", zero_stage=3)), 1, "--resume", "latest")
+    assert json.loads((runs / "resumed" / "resumes.jsonl").read_text())["step"] == 1
+    _assert_same(_weights(runs / "z3", 2), _weights(runs / "resumed", 2))
+    _assert_same(_ema(runs / "z3", 2), _ema(runs / "resumed", 2))
+    _assert_same(_lora(runs / "z3", 2), _lora(runs / "resumed", 2))
