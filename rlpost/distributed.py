@@ -86,13 +86,16 @@ def _read_ds_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
-def validate_distributed(cfg: DistributedConfig, groups_per_step: int, world_size: int | None = None) -> list[str]:
+def validate_distributed(
+    cfg: DistributedConfig, groups_per_step: int, world_size: int | None = None, ema: bool = False
+) -> list[str]:
     """Range and consistency checks of the ``distributed`` section (every problem names its field).
 
     Args:
         cfg: The section.
         groups_per_step: ``run.groups_per_step`` (split across ranks, so it must divide by the world size).
         world_size: Number of ranks; default ``WORLD_SIZE`` from the launcher's environment.
+        ema: Whether the recipe enables ``ema``.
     """
     problems: list[str] = []
     if cfg.zero_stage not in (0, 1, 2, 3):
@@ -113,6 +116,13 @@ def validate_distributed(cfg: DistributedConfig, groups_per_step: int, world_siz
                 problems.append(
                     f"distributed.deepspeed_config: zero_optimization.stage {stage} in {cfg.deepspeed_config} "
                     f"contradicts distributed.zero_stage {cfg.zero_stage}"
+                )
+            offload = ((data.get("zero_optimization") or {}).get("offload_param") or {}).get("device")
+            if ema and cfg.zero_stage == 3 and offload == "nvme":
+                # The EMA is swapped into each rank's parameter partitions, which NVMe offload keeps on disk.
+                problems.append(
+                    f"distributed.deepspeed_config: zero_optimization.offload_param.device 'nvme' in "
+                    f"{cfg.deepspeed_config} cannot be combined with ema (use offload to 'cpu' or drop the ema section)"
                 )
             gas = data.get("gradient_accumulation_steps")
             if gas not in (None, 1, "auto"):
