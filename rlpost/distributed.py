@@ -619,6 +619,26 @@ class DeepSpeedBackend(TrainBackend):
             return _FragmentShards(self.parameters)
         return ReplicatedWeights(self.parameters)
 
+    @contextmanager
+    def gathered(self) -> Iterator[None]:
+        """The trainable parameters whole in the module on every rank, for saving them from the module (diffusers
+        artefacts); a collective call. ZeRO-3 keeps only small (persistent) parameters whole; the others are
+        gathered here (``deepspeed.zero.GatheredParameters``) and released on exit. A no-op below ZeRO-3."""
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        partitioned = [
+            p
+            for p in self.parameters
+            if hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
+        ]
+        if not partitioned:
+            yield
+            return
+        from deepspeed.zero import GatheredParameters
+
+        with GatheredParameters(partitioned, modifier_rank=None):
+            yield
+
     # -------------------------------------------------------------------------------------- checkpoints
 
     def full_weights(self) -> dict[str, Tensor]:

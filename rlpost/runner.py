@@ -422,10 +422,18 @@ class Runner:
         self.host.hook.rlpost_load_state(run=self.ctx, state=state["plugins"])
 
     @contextlib.contextmanager
-    def _published_weights(self) -> Iterator[None]:
-        """EMA weights swapped in when EMA is enabled (evaluation, diffusers artefacts); live weights otherwise."""
+    def _published_weights(self, whole: bool = False) -> Iterator[None]:
+        """EMA weights swapped in when EMA is enabled (evaluation, diffusers artefacts); live weights otherwise.
+
+        ``whole``: also gather ZeRO-3's partitioned trainable parameters, for saving them from the module. Collective
+        under ZeRO: every rank enters.
+        """
         with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
-            yield
+            if whole and isinstance(self.backend, DeepSpeedBackend):
+                with self.backend.gathered():
+                    yield
+            else:
+                yield
 
     def save_checkpoint(self, reason: str = "periodic") -> Path | None:
         """Write a checkpoint of the current state (main process) and rotate old ones; returns its directory.
@@ -444,15 +452,15 @@ class Runner:
         state = self.state()
         ema = self.ema.state_dict() if self.ema is not None else None  # collective under ZeRO, like the weights
         if not self.ctx.is_main_process:
-            # Rank 0 writes the artefacts with the EMA weights swapped in, a collective step under ZeRO: take part.
-            with self._published_weights():
+            # Rank 0 saves the artefacts from its module, EMA swapped in, ZeRO-3 partitions gathered: take part.
+            with self._published_weights(whole=True):
                 pass
             self.shard.barrier()
             return None
         config_text = yaml.safe_dump(r.config, sort_keys=False)
 
         def artefacts(directory: Path) -> None:
-            with self._published_weights():
+            with self._published_weights(whole=True):
                 write_diffusers_artifacts(r.model, directory)
 
         manifest = {
