@@ -8,10 +8,11 @@ over all shadow tensors), applied to plain lists of tensors. We chose it over th
 
 * ``torch.optim.swa_utils.AveragedModel`` deep-copies a whole module: for a LoRA policy that copies the frozen base
   model, and a ZeRO-3 module's deep copy holds empty parameter placeholders;
-* diffusers' ``training_utils.EMAModel`` clones the parameters when it is built (under ZeRO-3 those are the empty
-  placeholders: the very crash this module once had), gathers every full parameter at every update when it detects
-  ZeRO-3 through transformers' global DeepSpeed config (which rlpost never sets), and adds a decay warm-up schedule
-  of its own.
+* diffusers' ``EMAModel`` (huggingface/diffusers src/diffusers/training_utils.py@v0.42.1) clones the parameters
+  when it is built (under ZeRO-3 those are the empty placeholders: the very crash this module once had), gathers
+  every full parameter at every update only when it detects ZeRO-3 through transformers' global DeepSpeed config
+  (which rlpost never sets), and ramps the decay up with a schedule of its own ((1+n)/(10+n) capped at ``decay``),
+  which would change what ``ema.decay`` means.
 
 A list-of-tensors update lets the EMA hold exactly the part of each weight that this rank owns. Which part that is
 comes from a :class:`WeightShards`: :class:`ReplicatedWeights` (the parameters themselves; single process and
