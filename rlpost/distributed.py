@@ -20,7 +20,8 @@ import json
 import math
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from rlpost.api import TrainBackend
+from rlpost.checkpoint import CheckpointError
+from rlpost.ema import ReplicatedWeights, WeightShards
 
 __all__ = [
     "FORBIDDEN_DS_KEYS",
@@ -83,13 +86,16 @@ def _read_ds_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
-def validate_distributed(cfg: DistributedConfig, groups_per_step: int, world_size: int | None = None) -> list[str]:
+def validate_distributed(
+    cfg: DistributedConfig, groups_per_step: int, world_size: int | None = None, ema: bool = False
+) -> list[str]:
     """Range and consistency checks of the ``distributed`` section (every problem names its field).
 
     Args:
         cfg: The section.
         groups_per_step: ``run.groups_per_step`` (split across ranks, so it must divide by the world size).
         world_size: Number of ranks; default ``WORLD_SIZE`` from the launcher's environment.
+        ema: Whether the recipe enables ``ema``.
     """
     problems: list[str] = []
     if cfg.zero_stage not in (0, 1, 2, 3):
@@ -110,6 +116,13 @@ def validate_distributed(cfg: DistributedConfig, groups_per_step: int, world_siz
                 problems.append(
                     f"distributed.deepspeed_config: zero_optimization.stage {stage} in {cfg.deepspeed_config} "
                     f"contradicts distributed.zero_stage {cfg.zero_stage}"
+                )
+            offload = ((data.get("zero_optimization") or {}).get("offload_param") or {}).get("device")
+            if ema and cfg.zero_stage == 3 and offload == "nvme":
+                # The EMA is swapped into each rank's parameter partitions, which NVMe offload keeps on disk.
+                problems.append(
+                    f"distributed.deepspeed_config: zero_optimization.offload_param.device 'nvme' in "
+                    f"{cfg.deepspeed_config} cannot be combined with ema (use offload to 'cpu' or drop the ema section)"
                 )
             gas = data.get("gradient_accumulation_steps")
             if gas not in (None, 1, "auto"):
@@ -323,23 +336,181 @@ class ConsolidatedOptimizerState:
         if not states:
             return
         first = next(iter(states.values()))
-        keys = [k for k, v in first.items() if isinstance(v, Tensor) and v.numel() > 1]
+        keys = [k for k, v in first.items() if isinstance(v, Tensor) and v.dim() > 0]
         inner = self._inner()
         # torch optimizers create their state lazily at the first step; create the flat tensors now so the
         # fragments can be written into them (and re-link DeepSpeed's per-parameter views of that state).
-        for group in inner.param_groups:
-            for flat in group["params"]:
-                if not inner.state.get(flat):
-                    inner.state[flat] = {k: torch.zeros_like(flat) for k in keys}
-                for k, v in first.items():
-                    if k not in keys:
-                        inner.state[flat][k] = v.clone() if isinstance(v, Tensor) else v
+        # ZeRO-3 hands its fp32 partitions to the torch optimizer only during step() (its param groups are empty
+        # in between), so take them from the ZeRO optimizer itself.
+        flats = getattr(self.engine.optimizer, "fp32_partitioned_groups_flat", None)
+        if flats is None:
+            flats = [flat for group in inner.param_groups for flat in group["params"]]
+        for flat in flats:
+            if not inner.state.get(flat):
+                inner.state[flat] = {k: torch.zeros_like(flat) for k in keys}
+            for k, v in first.items():
+                if k not in keys:
+                    inner.state[flat][k] = v.clone() if isinstance(v, Tensor) else v
         relink = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
         if callable(relink):
             relink()
         for i, p in enumerate(self.parameters):
             for k in keys:
                 safe_set_full_optimizer_state(p, states[i][k].to(torch.float32), k)
+
+
+class _FragmentShards:
+    """EMA shares under ZeRO 1/2 (and DeepSpeed's bf16 optimizer): every rank holds the full low-precision
+    parameters, while the fp32 master weights are flattened and cut into one contiguous partition per rank, so one
+    parameter's master copy may be split over two ranks. A rank's share of a parameter is its fragment of that
+    partition (``p._hp_mapping``; none when the parameter lies wholly in other ranks' partitions).
+    """
+
+    def __init__(self, parameters: Sequence[nn.Parameter]) -> None:
+        self.parameters = list(parameters)
+
+    def local(self) -> list[Tensor]:
+        """This rank's fp32 master fragment of each parameter (views, re-read every call: DeepSpeed re-links them
+        when it offloads and reloads its state)."""
+        out = []
+        for p in self.parameters:
+            mapping = p._hp_mapping  # type: ignore[attr-defined]
+            frag = mapping.get_hp_fragment() if mapping is not None else None
+            out.append(frag.detach() if frag is not None else torch.empty(0, dtype=torch.float32, device=p.device))
+        return out
+
+    def _full(self, p: nn.Parameter, shard: Tensor) -> Tensor:
+        # As deepspeed.utils.tensor_fragment.get_full_hp_param assembles the master weights: each rank writes its
+        # fragment into a zero buffer and the buffers are summed (exact: every element has one non-zero term).
+        import deepspeed.comm as dist
+
+        buf = torch.zeros(p.numel(), dtype=torch.float32, device=p.device)
+        mapping = p._hp_mapping  # type: ignore[attr-defined]
+        if mapping is not None:
+            addr = mapping.lp_fragment_address
+            buf.narrow(0, addr.start, addr.numel).copy_(shard)
+        dist.all_reduce(buf, group=p._dp_group)  # type: ignore[attr-defined]
+        return buf.view(p.shape)
+
+    def gather(self, shards: Sequence[Tensor]) -> list[Tensor]:
+        """Full fp32 tensors; collective (one all-reduce per parameter)."""
+        return [self._full(p, s) for p, s in zip(self.parameters, shards, strict=True)]
+
+    def scatter(self, full: Sequence[Tensor]) -> list[Tensor]:
+        """This rank's fragment of each full tensor."""
+        out = []
+        for i, (p, value) in enumerate(zip(self.parameters, full, strict=True)):
+            if value.numel() != p.numel():
+                raise CheckpointError(f"EMA tensor {i}: checkpoint shape {tuple(value.shape)} != {tuple(p.shape)}")
+            mapping = p._hp_mapping  # type: ignore[attr-defined]
+            if mapping is None:
+                out.append(torch.empty(0, dtype=torch.float32))
+                continue
+            addr = mapping.lp_fragment_address
+            out.append(value.reshape(-1).narrow(0, addr.start, addr.numel).to(torch.float32))
+        return out
+
+    @contextmanager
+    def loaded(self, shards: Sequence[Tensor]) -> Iterator[None]:
+        """Gather each parameter's EMA into the (replicated) low-precision parameter; restore it locally on exit.
+        Collective on entry only."""
+        backup = []
+        with torch.no_grad():
+            for p, s in zip(self.parameters, shards, strict=True):
+                full = self._full(p, s)
+                backup.append(p.detach().clone())
+                p.copy_(full)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, b in zip(self.parameters, backup, strict=True):
+                    p.copy_(b)
+
+
+class _Zero3Shards:
+    """EMA shares under ZeRO-3: each parameter is cut into equal (zero-padded) partitions, one per rank; the module
+    gathers them on demand from ``p.ds_tensor`` (low precision), the optimizer updates an fp32 copy of the same
+    partition. A rank's share is that fp32 partition, padding included.
+    """
+
+    def __init__(self, parameters: Sequence[nn.Parameter], device: torch.device) -> None:
+        self.parameters = list(parameters)
+        self.device = device
+
+    def local(self) -> list[Tensor]:
+        """This rank's fp32 master partition of each parameter (``deepspeed.utils.safe_get_local_fp32_param``)."""
+        from deepspeed.utils import safe_get_local_fp32_param
+
+        return [safe_get_local_fp32_param(p).detach() for p in self.parameters]
+
+    def _full(self, p: nn.Parameter, shard: Tensor) -> Tensor:
+        # The inverse of the partitioning: concatenate the ranks' partitions, drop the padding (as ZeRO-3's
+        # _fp32_state_allgather does for the master weights).
+        import deepspeed.comm as dist
+
+        group = p.ds_process_group  # type: ignore[attr-defined]
+        buf = torch.empty(dist.get_world_size(group=group) * shard.numel(), dtype=torch.float32, device=self.device)
+        dist.all_gather_into_tensor(buf, shard.to(self.device, torch.float32).contiguous(), group=group)
+        return buf.narrow(0, 0, p.ds_numel).view(p.ds_shape)  # type: ignore[attr-defined]
+
+    def gather(self, shards: Sequence[Tensor]) -> list[Tensor]:
+        """Full fp32 tensors; collective (one all-gather per parameter)."""
+        return [self._full(p, s) for p, s in zip(self.parameters, shards, strict=True)]
+
+    def scatter(self, full: Sequence[Tensor]) -> list[Tensor]:
+        """This rank's (zero-padded) partition of each full tensor."""
+        import deepspeed.comm as dist
+
+        out = []
+        for i, (p, value) in enumerate(zip(self.parameters, full, strict=True)):
+            if value.numel() != p.ds_numel:  # type: ignore[attr-defined]
+                raise CheckpointError(
+                    f"EMA tensor {i}: checkpoint shape {tuple(value.shape)} != {tuple(p.ds_shape)}"  # type: ignore[attr-defined]
+                )
+            group = p.ds_process_group  # type: ignore[attr-defined]
+            size = p.ds_tensor.ds_numel  # type: ignore[attr-defined]
+            padded = torch.zeros(size * dist.get_world_size(group=group), dtype=torch.float32)
+            padded[: value.numel()] = value.reshape(-1)
+            out.append(padded.narrow(0, size * dist.get_rank(group=group), size))
+        return out
+
+    @contextmanager
+    def loaded(self, shards: Sequence[Tensor]) -> Iterator[None]:
+        """Write the EMA partitions into the module's partitions (``ds_tensor``) and back up the live ones; the fp32
+        master weights are never touched. Collective on entry and on exit."""
+        backup = [p.ds_tensor.detach().clone() for p in self.parameters]  # type: ignore[attr-defined]
+        _write_zero3_partitions(self.parameters, shards)
+        try:
+            yield
+        finally:
+            _write_zero3_partitions(self.parameters, backup)
+
+
+@torch.no_grad()
+def _write_zero3_partitions(parameters: Sequence[nn.Parameter], partitions: Sequence[Tensor]) -> None:
+    """Write this rank's partition of each ZeRO-3 parameter into the module's copy (``ds_tensor``, what forward
+    passes gather); a collective call.
+
+    Gathered copies are stale afterwards: free them, drop ZeRO++'s secondary partitions (rebuilt at the next gather)
+    and gather the persistent parameters (small ones ZeRO-3 keeps whole on every rank) again; the others are
+    gathered on demand by the forward hooks. These are the steps ZeRO-3 takes around loading its own checkpoints
+    (``checkpoint_event_prologue`` / ``checkpoint_event_epilogue`` in deepspeedai/DeepSpeed
+    deepspeed/runtime/zero/stage3.py@v0.19.8).
+    """
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    for p, part in zip(parameters, partitions, strict=True):
+        p.ds_tensor.copy_(part.reshape(-1))  # type: ignore[attr-defined]
+    available = [p for p in parameters if p.ds_status == ZeroParamStatus.AVAILABLE]  # type: ignore[attr-defined]
+    if available:
+        available[0].partition(available)  # type: ignore[attr-defined]
+    for p in parameters:
+        if getattr(p, "ds_secondary_tensor", None) is not None:
+            p.ds_secondary_tensor = None  # type: ignore[attr-defined]
+    persistent = [p for p in parameters if p.ds_persist]  # type: ignore[attr-defined]
+    if persistent:
+        persistent[0].all_gather(persistent)  # type: ignore[attr-defined]
 
 
 class DeepSpeedBackend(TrainBackend):
@@ -439,6 +610,35 @@ class DeepSpeedBackend(TrainBackend):
         self.num_steps += 1
         return metrics
 
+    def weight_shards(self) -> WeightShards:
+        """This rank's share of the trainable weights, for the EMA (:mod:`rlpost.ema`): its slice of the fp32
+        master weights under ZeRO 1-3 (and DeepSpeed's bf16 optimizer), the full parameters otherwise."""
+        if any(hasattr(p, "ds_id") for p in self.parameters):
+            return _Zero3Shards(self.parameters, self.world.device)
+        if any(hasattr(p, "_hp_mapping") for p in self.parameters):
+            return _FragmentShards(self.parameters)
+        return ReplicatedWeights(self.parameters)
+
+    @contextmanager
+    def gathered(self) -> Iterator[None]:
+        """The trainable parameters whole in the module on every rank, for saving them from the module (diffusers
+        artefacts); a collective call. ZeRO-3 keeps only small (persistent) parameters whole; the others are
+        gathered here (``deepspeed.zero.GatheredParameters``) and released on exit. A no-op below ZeRO-3."""
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        partitioned = [
+            p
+            for p in self.parameters
+            if hasattr(p, "ds_id") and p.ds_status == ZeroParamStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
+        ]
+        if not partitioned:
+            yield
+            return
+        from deepspeed.zero import GatheredParameters
+
+        with GatheredParameters(partitioned, modifier_rank=None):
+            yield
+
     # -------------------------------------------------------------------------------------- checkpoints
 
     def full_weights(self) -> dict[str, Tensor]:
@@ -454,18 +654,22 @@ class DeepSpeedBackend(TrainBackend):
 
     @torch.no_grad()
     def load_full_weights(self, weights: dict[str, Tensor]) -> None:
-        """Copy consolidated weights into the live parameters and ZeRO's fp32 master partitions."""
+        """Copy consolidated weights into the live parameters and ZeRO's fp32 master partitions; a collective call
+        under ZeRO-3."""
         from deepspeed.utils import safe_set_full_fp32_param
-
-        from rlpost.checkpoint import CheckpointError
 
         if len(weights) != len(self.parameters):
             raise CheckpointError(
                 f"the checkpoint holds {len(weights)} trainable tensors but the policy has {len(self.parameters)}"
             )
+        zero3 = [p for p in self.parameters if hasattr(p, "ds_id")]
         for i, p in enumerate(self.parameters):
             value = weights[f"trainable.{i:04d}"].to(torch.float32)
             if hasattr(p, "ds_id"):
+                if value.numel() != p.ds_numel:  # type: ignore[attr-defined]
+                    raise CheckpointError(
+                        f"trainable parameter {i}: checkpoint shape {tuple(value.shape)} != {tuple(p.ds_shape)}"  # type: ignore[attr-defined]
+                    )
                 safe_set_full_fp32_param(p, value.to(self.world.device))
                 continue
             if tuple(value.shape) != tuple(p.shape):
@@ -475,6 +679,10 @@ class DeepSpeedBackend(TrainBackend):
             p.copy_(value.to(p.device, p.dtype))
             if _is_zero_param(p):
                 safe_set_full_fp32_param(p, value.to(self.world.device))
+        if zero3:
+            # The fp32 master partitions alone would reach the module only after the next optimizer step (ZeRO-3
+            # copies master -> module partitions in step()): copy them now, as step() does.
+            _write_zero3_partitions(zero3, _Zero3Shards(zero3, self.world.device).local())
 
 
 def policy_module(policy: object) -> nn.Module | None:

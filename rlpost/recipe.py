@@ -389,7 +389,11 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
         if built["distributed"] is not None:
             resolved["distributed"] = dataclasses.asdict(built["distributed"])
             if built["run"] is not None:
-                run_problems.extend(validate_distributed(built["distributed"], built["run"].groups_per_step))
+                run_problems.extend(
+                    validate_distributed(
+                        built["distributed"], built["run"].groups_per_step, ema=cfg.get("ema") is not None
+                    )
+                )
         else:
             resolved["distributed"] = cfg["distributed"]
     run_problems.extend(_settings_checks(built))

@@ -160,7 +160,9 @@ class Runner:
         else:
             self.backend = LocalBackend(params, optimizer, scheduler, r.run.max_grad_norm)
         self.stream = PromptStream(r.prompts.load(), seed=self.seed)
-        self.ema = EMA(params, r.ema) if r.ema is not None else None
+        if r.ema is not None:  # under ZeRO the EMA keeps only this rank's share of the weights
+            shards = self.backend.weight_shards() if isinstance(self.backend, DeepSpeedBackend) else None
+            self.ema = EMA(params, r.ema, shards)
         if r.eval is not None:
             self.evaluator = Evaluator(r.eval, r.model, self.rundir.path)
             self.evaluator.setup(self.device, already_set_up=r.rewards)
@@ -420,10 +422,18 @@ class Runner:
         self.host.hook.rlpost_load_state(run=self.ctx, state=state["plugins"])
 
     @contextlib.contextmanager
-    def _published_weights(self) -> Iterator[None]:
-        """EMA weights swapped in when EMA is enabled (evaluation, diffusers artefacts); live weights otherwise."""
+    def _published_weights(self, whole: bool = False) -> Iterator[None]:
+        """EMA weights swapped in when EMA is enabled (evaluation, diffusers artefacts); live weights otherwise.
+
+        ``whole``: also gather ZeRO-3's partitioned trainable parameters, for saving them from the module. Collective
+        under ZeRO: every rank enters.
+        """
         with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
-            yield
+            if whole and isinstance(self.backend, DeepSpeedBackend):
+                with self.backend.gathered():
+                    yield
+            else:
+                yield
 
     def save_checkpoint(self, reason: str = "periodic") -> Path | None:
         """Write a checkpoint of the current state (main process) and rotate old ones; returns its directory.
@@ -440,13 +450,17 @@ class Runner:
             else trainable_weights(self.backend.parameters)
         )
         state = self.state()
+        ema = self.ema.state_dict() if self.ema is not None else None  # collective under ZeRO, like the weights
         if not self.ctx.is_main_process:
+            # Rank 0 saves the artefacts from its module, EMA swapped in, ZeRO-3 partitions gathered: take part.
+            with self._published_weights(whole=True):
+                pass
             self.shard.barrier()
             return None
         config_text = yaml.safe_dump(r.config, sort_keys=False)
 
         def artefacts(directory: Path) -> None:
-            with self._published_weights():
+            with self._published_weights(whole=True):
                 write_diffusers_artifacts(r.model, directory)
 
         manifest = {
@@ -463,7 +477,7 @@ class Runner:
             weights,
             state,
             extra=artefacts,
-            ema=self.ema.state_dict() if self.ema is not None else None,
+            ema=ema,
             manifest_extra=manifest,
         )
         (path.parent / "latest.json").write_text(json.dumps({"step": self.ctx.step, "path": path.name}))

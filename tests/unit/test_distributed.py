@@ -55,6 +55,20 @@ def test_distributed_section_validation(tmp_path, monkeypatch):
     assert validate(cfg, host).distributed is not None
 
 
+def test_ema_with_zero3_nvme_parameter_offload_is_rejected(tmp_path, monkeypatch):
+    """The EMA is swapped into the parameter partitions, which NVMe offload keeps on disk: refused before loading."""
+    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}))
+    cfg = toy_recipe(str(tmp_path / "r"), max_steps=1)
+    cfg["distributed"] = {"zero_stage": 3, "deepspeed_config": str(ds)}
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert validate(cfg, host).distributed is not None
+    cfg["ema"] = {"decay": 0.9}
+    with pytest.raises(RecipeError, match=r"distributed.deepspeed_config: .*offload_param.device 'nvme'.* ema"):
+        validate(cfg, host)
+
+
 # ------------------------------------------------------------------------------ gathered advantages (in-process)
 
 
