@@ -3,7 +3,6 @@ are saved and aggregated with intervals, and the report never states a differenc
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from pathlib import Path
@@ -88,19 +87,9 @@ def test_counted_forwards_equal_the_cost_model(tiny_result: tuple[Path, dict]) -
         assert algo["rollout_forwards"]["all_equal"] and algo["train_forwards"]["all_equal"], name
 
 
-def _progressive_window_available() -> bool:
-    from rlpost_treegrpo.sampler import TreeSampler
-
-    return "shift_interval" in inspect.signature(TreeSampler.__init__).parameters
-
-
 @pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.name)
 def test_bench_recipes_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every algorithm of every bench recipe validates (no model loads); all share NFE, LR and eval settings.
-
-    ``treegrpo-code`` needs the tree sampler's progressive window; until it exists that one overlay is skipped (the
-    others are still checked) and the test reports the skip.
-    """
+    """Every algorithm of every bench recipe validates (no model loads); all share NFE, LR and eval settings."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
     spec = bench.load_bench(str(path))
@@ -108,11 +97,7 @@ def test_bench_recipes_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert spec.seeds is not None and len(spec.seeds) >= 2
     host = PluginHost()
     configs: dict[str, dict[str, Any]] = {}
-    skipped = []
     for algo in spec.algorithms:
-        if algo.name == "treegrpo-code" and not _progressive_window_available():
-            skipped.append(algo.name)
-            continue
         pairs = [(k, json.dumps(v)) for k, v in {**spec.overrides, **algo.overrides}.items()]
         configs[algo.name] = validate(merge_sources([*spec.base, *algo.recipes], pairs), host).config
     first = next(iter(configs.values()))
@@ -134,15 +119,13 @@ def test_bench_recipes_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> 
             "ddpo": 166.1,
             "treegrpo-code": 59.6,
         }
-        if "treegrpo-code" in configs:
-            code = configs["treegrpo-code"]
-            s = code["sampler"]["init_args"]
-            assert (s["k"], s["depth"], s["window"], s["shift_interval"], s["stride"]) == (2, 4, "progressive", 50, 1)
-            assert code["advantage"]["init_args"]["weights"] == "uniform"
-            assert code["optimizer"]["init_args"]["optimizer_steps"] == 2
-            assert code["torch_optimizer"]["init_args"]["weight_decay"] == 1.0e-4
-    if skipped:
-        pytest.skip(f"{path.name}: {skipped} need the tree sampler's window: progressive (not in this checkout)")
+        code = configs["treegrpo-code"]
+        s = code["sampler"]["init_args"]
+        assert (s["k"], s["depth"], s["window"], s["shift_interval"], s["stride"]) == (2, 4, "progressive", 50, 1)
+        assert code["advantage"]["init_args"]["weights"] == "uniform"
+        assert code["advantage"]["init_args"]["std"] == "population"
+        assert code["optimizer"]["init_args"]["optimizer_steps"] == 2
+        assert code["torch_optimizer"]["init_args"]["weight_decay"] == 1.0e-4
 
 
 def test_load_bench_reports_every_problem(tmp_path: Path) -> None:
