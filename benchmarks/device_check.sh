@@ -9,8 +9,8 @@
 # Usage (rlpost installed in the Python that runs it, e.g. `pip install -e ".[dev]"` with your CUDA torch):
 #   HF_HUB_OFFLINE=1 bash benchmarks/device_check.sh [OUT_DIR] [PRESETS...]
 # Environment: PYTHON (default python3), MODEL_DIR (random SD3.5-M build, default ~/.cache/rlpost/sd35m-random),
-# GROUPS (prompts per iteration, default 1), ITERATIONS (steps per preset incl. one warm-up, default 3),
-# PRESET_TIMEOUT_S (per preset, default 150).
+# PROMPTS_PER_ITER (prompt groups per iteration, default 1), ITERATIONS (steps per preset incl. one warm-up, default 3),
+# PRESET_TIMEOUT_S (per preset, default 150), TESTS_TIMEOUT_S (180), BUILD_TIMEOUT_S (240).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/device-check}
@@ -24,19 +24,19 @@ mkdir -p "$OUT"
 status=0
 
 echo "== GPU-marked tests"
-if ! timeout 180 "$PY" -m pytest -m gpu tests/gpu -q 2>&1 | tee "$OUT/gpu_tests.log"; then
+if ! timeout "${TESTS_TIMEOUT_S:-180}" "$PY" -m pytest -m gpu tests/gpu -q 2>&1 | tee "$OUT/gpu_tests.log"; then
   echo "GPU-marked tests FAILED (see $OUT/gpu_tests.log)"; status=1
 fi
 
 echo "== build the random SD3.5-medium pipeline ($MODEL_DIR)"
-if ! timeout 240 "$PY" benchmarks/gpu_speed.py build --model-dir "$MODEL_DIR" 2>&1 | tee -a "$OUT/logs.txt"; then
+if ! timeout "${BUILD_TIMEOUT_S:-240}" "$PY" benchmarks/gpu_speed.py build --model-dir "$MODEL_DIR" 2>&1 | tee -a "$OUT/logs.txt"; then
   echo "model build FAILED"; exit 1
 fi
 
 for preset in "${PRESETS[@]}"; do
   echo "== $preset"
   if ! timeout "${PRESET_TIMEOUT_S:-150}" "$PY" benchmarks/gpu_speed.py run --preset "$preset" --model-dir "$MODEL_DIR" \
-      --out "$OUT/$preset.json" --groups "${GROUPS:-1}" --iterations "${ITERATIONS:-3}" >"$OUT/$preset.log.tmp" 2>&1; then
+      --out "$OUT/$preset.json" --groups "${PROMPTS_PER_ITER:-1}" --iterations "${ITERATIONS:-3}" >"$OUT/$preset.log.tmp" 2>&1; then
     echo "$preset FAILED or timed out; last lines:"; tail -n 25 "$OUT/$preset.log.tmp"; status=1
   else
     tail -n 1 "$OUT/$preset.log.tmp"
