@@ -76,6 +76,14 @@ class CheckpointConfig:
     keep_last: int = 2
     at_end: bool = True
 
+    def problems(self) -> list[str]:
+        """Range problems, each naming its ``checkpoint.*`` field."""
+        return [
+            f"checkpoint.{n}: must be >= 0, got {getattr(self, n)}"
+            for n in ("every", "keep_last")
+            if getattr(self, n) < 0
+        ]
+
 
 class CheckpointError(Exception):
     """A checkpoint cannot be written, found or honoured; the message says which and why."""
