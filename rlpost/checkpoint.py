@@ -48,6 +48,7 @@ __all__ = [
     "rotate",
     "split_tensors",
     "join_tensors",
+    "verify_checkpoint",
     "write_checkpoint",
 ]
 
@@ -74,6 +75,14 @@ class CheckpointConfig:
     every: int = 0
     keep_last: int = 2
     at_end: bool = True
+
+    def problems(self) -> list[str]:
+        """Range problems, each naming its ``checkpoint.*`` field."""
+        return [
+            f"checkpoint.{n}: must be >= 0, got {getattr(self, n)}"
+            for n in ("every", "keep_last")
+            if getattr(self, n) < 0
+        ]
 
 
 class CheckpointError(Exception):
@@ -323,7 +332,10 @@ def find_checkpoint(spec: str, run_dir: Path) -> CheckpointInfo:
     if spec == "latest":
         found = list_checkpoints(run_dir)
         if not found:
-            raise CheckpointError(f"--resume latest: no complete checkpoint in {run_dir / CHECKPOINT_DIR}")
+            raise CheckpointError(
+                f"--resume latest: no complete checkpoint in {run_dir / CHECKPOINT_DIR} (a run that stopped before its "
+                "first checkpoint cannot be resumed: start it again without --resume)"
+            )
         return found[-1]
     path = Path(spec)
     if not path.exists():
@@ -340,19 +352,43 @@ def find_checkpoint(spec: str, run_dir: Path) -> CheckpointInfo:
     raise CheckpointError(f"{path}: not a complete checkpoint (no {MANIFEST}) and no checkpoints under it")
 
 
-def read_checkpoint(info: CheckpointInfo) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Tensor] | None]:
-    """Load ``(weights, state, ema)`` of a checkpoint (safetensors + JSON only), verifying file hashes.
+def verify_checkpoint(info: CheckpointInfo) -> None:
+    """Check every file the manifest lists exists and matches its sha256.
+
+    A manifest without a file list cannot vouch for anything, so it is corrupt rather than "unchecked".
 
     Raises:
-        CheckpointError: A listed file is missing or its sha256 does not match the manifest.
+        CheckpointError: The file list is missing or malformed, a listed file is missing, or a hash differs.
     """
-    for name, digest in info.manifest.get("files", {}).items():
-        f = info.path / name
-        if name.endswith(".safetensors") or name.endswith(".json"):
-            if not f.is_file():
-                raise CheckpointError(f"{info.path}: file {name} listed in the manifest is missing")
-            if _sha256(f) != digest:
-                raise CheckpointError(f"{info.path}: {name} does not match its sha256 in the manifest (corrupt)")
+    files = info.manifest.get("files")
+    if (
+        not isinstance(files, dict)
+        or not files
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+    ):
+        raise CheckpointError(
+            f"{info.path / MANIFEST}: corrupt manifest: no file list with sha256 digests (cannot verify the checkpoint)"
+        )
+    root = info.path.resolve()
+    for name, digest in files.items():
+        f = (info.path / name).resolve()
+        if root not in f.parents:
+            raise CheckpointError(
+                f"{info.path / MANIFEST}: corrupt manifest: file {name!r} lies outside the checkpoint"
+            )
+        if not f.is_file():
+            raise CheckpointError(f"{info.path}: file {name} listed in the manifest is missing")
+        if _sha256(f) != digest:
+            raise CheckpointError(f"{info.path}: {name} does not match its sha256 in the manifest (corrupt)")
+
+
+def read_checkpoint(info: CheckpointInfo) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Tensor] | None]:
+    """Load ``(weights, state, ema)`` of a checkpoint (safetensors + JSON only), verifying file hashes first.
+
+    Raises:
+        CheckpointError: The manifest has no file list, a listed file is missing or its sha256 does not match.
+    """
+    verify_checkpoint(info)
     weights = load_tensor_file(info.path / "weights.safetensors")
     tensors = load_tensor_file(info.path / "state.safetensors")
     state = join_tensors(json.loads((info.path / "state.json").read_text()), tensors)

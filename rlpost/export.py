@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from rlpost.api import Policy
-from rlpost.checkpoint import CheckpointError, find_checkpoint, read_checkpoint
+from rlpost.checkpoint import CheckpointError, find_checkpoint, read_checkpoint, verify_checkpoint
 from rlpost.evaluation import markdown_table, ode_sample, read_evals
 from rlpost.images import save_images
 from rlpost.plugins import PluginHost
@@ -109,18 +109,27 @@ def export_run(run_dir: Path, out: Path, checkpoint: str = "latest") -> Path:
     """Copy a checkpoint's diffusers-loadable weights to ``out`` with a model card ``README.md``.
 
     Raises:
-        CheckpointError: No such checkpoint, or it holds no diffusers artefact (the policy has no LoRA or full
-            fine-tune form; its raw trainable weights are in ``weights.safetensors``).
+        CheckpointError: No such checkpoint, a file fails its manifest sha256 (nothing is copied), or it holds no
+            diffusers artefact (the policy has no LoRA or full fine-tune form; its raw trainable weights are in
+            ``weights.safetensors``).
     """
     info = find_checkpoint(checkpoint, run_dir)
+    verify_checkpoint(info)  # as ``sample`` and ``--resume`` do: never hand out a corrupt artefact
     kinds = [k for k in (LORA_DIR, TRANSFORMER_DIR) if (info.path / k).is_dir()]
     if not kinds:
         raise CheckpointError(
             f"{info.path}: no diffusers-loadable weights (neither {LORA_DIR}/ nor {TRANSFORMER_DIR}/); "
             "only policies with a LoRA adapter or full fine-tuning can be exported"
         )
-    out.mkdir(parents=True, exist_ok=True)
     kind = kinds[0]
+    listed = set(info.manifest["files"])
+    unlisted = sorted(str(f.relative_to(info.path)) for f in (info.path / kind).rglob("*") if f.is_file())
+    unlisted = [f for f in unlisted if f not in listed]
+    if unlisted:
+        raise CheckpointError(
+            f"{info.path}: {unlisted[:5]} are not in the manifest (cannot be verified); not exporting"
+        )
+    out.mkdir(parents=True, exist_ok=True)
     if kind == LORA_DIR:
         for f in (info.path / LORA_DIR).iterdir():
             shutil.copy2(f, out / f.name)  # pytorch_lora_weights.safetensors at the top: load_lora_weights(out)

@@ -40,6 +40,11 @@ class GuardConfig:
     on_nonfinite: OnNonFinite = "stop"
     max_skipped_steps: int = 0
 
+    def problems(self) -> list[str]:
+        """Range problems, each naming its ``guards.*`` field."""
+        n = self.max_skipped_steps
+        return [f"guards.max_skipped_steps: must be >= 0, got {n}"] if n < 0 else []
+
 
 class Guards:
     """Per-step non-finite bookkeeping.

@@ -33,6 +33,10 @@ class LoggingConfig:
     wandb_project: str = "rlpost"
     grid_every: int = 0
 
+    def problems(self) -> list[str]:
+        """Range problems, each naming its ``logging.*`` field (missing trackers: :func:`missing_tracker_packages`)."""
+        return [f"logging.grid_every: must be >= 0, got {self.grid_every}"] if self.grid_every < 0 else []
+
 
 def missing_tracker_packages(config: LoggingConfig) -> list[str]:
     """Recipe problems for enabled trackers whose package is not installed."""

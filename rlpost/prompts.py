@@ -7,6 +7,7 @@ reproducible and independent of how many steps earlier epochs took; its state is
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any, ClassVar
@@ -67,49 +68,78 @@ class PromptFile(PromptSource):
         self.limit = limit
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check the file exists and has a supported suffix."""
+        """Check the file exists, has a supported suffix and reads as prompts (UTF-8, well-formed, not empty).
+
+        Prompt files are small text; reading one here costs little and turns a malformed line into a recipe problem
+        instead of a crash after the model has loaded.
+        """
         p = Path(self.path)
         if not p.is_file():
             return [f"prompts.init_args.path: prompt file not found: {self.path}"]
         if p.suffix not in (".txt", ".jsonl", ".json", ".csv"):
             return [f"prompts.init_args.path: unsupported prompt file type {p.suffix!r} (txt, jsonl, json, csv)"]
+        if self.limit is not None and self.limit < 1:
+            return [f"prompts.init_args.limit: must be >= 1 or null, got {self.limit}"]
+        try:
+            self.load()
+        except ValueError as e:
+            return [f"prompts.init_args.path: {e}"]
         return []
 
     def load(self) -> list[tuple[str, dict[str, Any]]]:
-        """Read the file.
+        """Read the file (UTF-8).
 
         Raises:
-            ValueError: Naming the file and line of a malformed record.
+            ValueError: Naming the file (and line or record) of undecodable bytes, malformed JSON, a record without
+                the prompt field, or a file with no non-blank prompt.
         """
         p = Path(self.path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            lineno = p.read_bytes()[: e.start].count(b"\n") + 1
+            raise ValueError(f"{p}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         rows: list[tuple[str, dict[str, Any]]] = []
         if p.suffix == ".txt":
-            rows = [(line.strip(), {}) for line in p.read_text().splitlines() if line.strip()]
+            rows = [(line.strip(), {}) for line in text.splitlines() if line.strip()]
         elif p.suffix == ".jsonl":
-            for n, line in enumerate(p.read_text().splitlines(), 1):
+            for n, line in enumerate(text.splitlines(), 1):
                 if line.strip():
-                    rows.append(self._record(json.loads(line), f"{p}:{n}"))
+                    rows.append(self._record(_json(line, f"{p}:{n}"), f"{p}:{n}"))
         elif p.suffix == ".json":
-            data = json.loads(p.read_text())
+            data = _json(text, str(p))
             if not isinstance(data, list):
                 raise ValueError(f"{p}: expected a JSON list of prompts")
             rows = [self._record(item, f"{p}[{i}]") for i, item in enumerate(data)]
         else:
-            with p.open(newline="") as fh:
-                rows = [self._record(dict(r), f"{p}:{i + 2}") for i, r in enumerate(csv.DictReader(fh))]
+            reader = csv.DictReader(io.StringIO(text, newline=""))
+            if reader.fieldnames is not None and self.field not in reader.fieldnames:
+                raise ValueError(f"{p}: no column {self.field!r} in the header (columns: {reader.fieldnames})")
+            rows = [self._record(dict(r), f"{p}:{i + 2}") for i, r in enumerate(reader)]
         if self.limit is not None:
             rows = rows[: self.limit]
         if not rows:
-            raise ValueError(f"{p}: no prompts found")
+            raise ValueError(f"{p}: no prompts found (the file is empty or blank)")
         return rows
 
     def _record(self, item: Any, where: str) -> tuple[str, dict[str, Any]]:
         if isinstance(item, str):
+            if not item.strip():
+                raise ValueError(f"{where}: blank prompt")
             return item, {}
         if not isinstance(item, dict) or not isinstance(item.get(self.field), str):
             raise ValueError(f"{where}: expected an object with a string field {self.field!r}")
+        if not item[self.field].strip():
+            raise ValueError(f"{where}: blank prompt in field {self.field!r}")
         meta = {k: v for k, v in item.items() if k != self.field}
         return item[self.field], meta
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
 
 
 class HFDatasetPrompts(PromptSource):
@@ -140,15 +170,86 @@ class HFDatasetPrompts(PromptSource):
         self.data_files = data_files
         self.limit = limit
 
+    def _saved_dir(self) -> Path | None:
+        """The directory when ``path`` is a dataset written with ``save_to_disk`` (a Dataset or DatasetDict)."""
+        p = Path(self.path).expanduser()
+        if p.is_dir() and ((p / "dataset_dict.json").is_file() or (p / "state.json").is_file()):
+            return p
+        return None
+
+    def _local_files(self) -> list[Path] | None:
+        """The local data files of a packaged builder (``parquet``, ``json``, ``csv``), or ``None`` for other paths."""
+        if self.path not in _BUILDERS or self.data_files is None:
+            return None
+        patterns = [self.data_files] if isinstance(self.data_files, str) else list(self.data_files)
+        files: list[Path] = []
+        for pattern in patterns:
+            matched = sorted(Path().glob(pattern)) if any(c in pattern for c in "*?[") else [Path(pattern)]
+            files.extend(matched if matched else [Path(pattern)])
+        return files
+
+    def validate(self, recipe: Any) -> list[str]:
+        """Check local datasets without loading their rows: a ``save_to_disk`` directory (memory-mapped) has the
+        split and column; local builder files exist and their header/schema has the column. Hub datasets are only
+        checked when loaded (validation never downloads)."""
+        where = "prompts.init_args"
+        if self.limit is not None and self.limit < 1:
+            return [f"{where}.limit: must be >= 1 or null, got {self.limit}"]
+        if self._saved_dir() is not None:
+            try:
+                saved_columns, rows = self._open_saved()
+            except ValueError as e:
+                return [f"{where}.split: {e}"]
+            if self.column not in saved_columns:
+                return [
+                    f"{where}.column: dataset {self.path!r} has no column {self.column!r} (columns: {saved_columns})"
+                ]
+            return [] if rows else [f"{where}.path: dataset {self.path!r} split {self.split!r} is empty"]
+        files = self._local_files()
+        if files is None:
+            explicit_local = self.path.startswith(("/", "./", "../", "~"))  # bare names may be hub datasets
+            if explicit_local and not Path(self.path).expanduser().exists():
+                return [f"{where}.path: dataset directory not found: {self.path}"]
+            return []
+        for f in files:
+            if not f.is_file():
+                return [f"{where}.data_files: file not found: {f}"]
+            try:
+                columns = _file_columns(f, self.path)
+            except (OSError, ValueError) as e:
+                return [f"{where}.data_files: {f}: cannot read its columns ({e})"]
+            if columns is not None and self.column not in columns:
+                return [f"{where}.column: {f} has no column {self.column!r} (columns: {columns})"]
+        return []
+
+    def _open_saved(self) -> tuple[list[str], int]:
+        import datasets  # heavy import, only when used
+
+        ds = datasets.load_from_disk(str(self._saved_dir()))
+        if isinstance(ds, datasets.DatasetDict):
+            if self.split not in ds:
+                raise ValueError(f"dataset {self.path!r} has no split {self.split!r} (splits: {list(ds)})")
+            ds = ds[self.split]
+        return list(ds.column_names), len(ds)
+
     def load(self) -> list[tuple[str, dict[str, Any]]]:
         """Load the split and return ``(prompt, metadata)`` pairs.
 
         Raises:
-            ValueError: If the column is missing.
+            ValueError: If the split or column is missing.
         """
         import datasets  # heavy import, only when used
 
-        ds = datasets.load_dataset(self.path, data_files=self.data_files, split=self.split)
+        saved = self._saved_dir()
+        if saved is not None:  # datasets.load_dataset refuses save_to_disk output
+            loaded = datasets.load_from_disk(str(saved))
+            if isinstance(loaded, datasets.DatasetDict):
+                if self.split not in loaded:
+                    raise ValueError(f"dataset {self.path!r} has no split {self.split!r} (splits: {list(loaded)})")
+                loaded = loaded[self.split]
+            ds = loaded
+        else:
+            ds = datasets.load_dataset(self.path, data_files=self.data_files, split=self.split)
         if self.column not in ds.column_names:
             raise ValueError(f"dataset {self.path!r} has no column {self.column!r} (columns: {ds.column_names})")
         n = len(ds) if self.limit is None else min(self.limit, len(ds))
@@ -157,6 +258,26 @@ class HFDatasetPrompts(PromptSource):
             meta = {k: v for k, v in record.items() if k != self.column}
             rows.append((str(record[self.column]), meta))
         return rows
+
+
+_BUILDERS = ("parquet", "json", "csv")
+
+
+def _file_columns(path: Path, builder: str) -> list[str] | None:
+    """Column names of one local data file from its header, schema or first record (``None``: not determinable)."""
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    with path.open(encoding="utf-8") as fh:
+        if builder == "csv":
+            header = next(csv.reader(fh), None)
+            return list(header) if header is not None else []
+        first = fh.readline()
+    if not first.strip() or first.lstrip().startswith("["):
+        return None  # a JSON array file: its records are not cheaply reachable
+    record = json.loads(first)
+    return list(record) if isinstance(record, dict) else None
 
 
 class PromptStream:

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import yaml
@@ -78,14 +79,16 @@ class RunConfig:
     """Run-level settings.
 
     Attributes:
-        seed: Root seed; every RNG stream (prompt order, initial noise, SDE noise, minibatches) derives from it.
+        seed: Root seed in ``[0, 2**32 - 1]``; every RNG stream (prompt order, initial noise, SDE noise, minibatches)
+            derives from it.
         output_dir: Run directory. The resolved recipe and versions are written there and never overwritten.
         max_steps: Number of training steps (rollout -> rewards -> advantages -> update).
         groups_per_step: Prompt groups (unique prompt draws) per step, across all ranks.
         samples_per_group: Images per group for chain samplers (the GRPO group size); tree samplers derive their
             leaf count from their shape instead.
-        device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``.
-        max_grad_norm: Gradient-norm clip applied at every optimizer step; null disables clipping.
+        device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N`` (validation checks the
+            device exists on this host).
+        max_grad_norm: Gradient-norm clip (positive, finite) applied at every optimizer step; null disables it.
         progress: Show the rich progress bar and summary table (main process only).
         log_every: Write metrics to ``metrics.jsonl`` every N steps.
     """
@@ -99,6 +102,48 @@ class RunConfig:
     max_grad_norm: float | None = 1.0
     progress: bool = True
     log_every: int = 1
+
+    SEED_MAX: ClassVar[int] = 2**32 - 1
+    """Largest seed: the RNG streams derive ``seed * 1_000_003 + offset`` seeds and numpy takes 32-bit seeds."""
+
+    def problems(self) -> list[str]:
+        """Range problems of these settings, each naming its ``run.*`` field (empty when the section is sane)."""
+        problems = []
+        for name in ("max_steps", "groups_per_step", "samples_per_group", "log_every"):
+            if getattr(self, name) < 1:
+                problems.append(f"run.{name}: must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.seed <= self.SEED_MAX:
+            problems.append(f"run.seed: must be in [0, {self.SEED_MAX}], got {self.seed}")
+        if self.max_grad_norm is not None and not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
+            problems.append(f"run.max_grad_norm: must be a positive finite number or null, got {self.max_grad_norm}")
+        device = device_problem(self.device)
+        if device is not None:
+            problems.append(f"run.device: {device}")
+        return problems
+
+
+def device_problem(spec: str) -> str | None:
+    """Why ``spec`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``xpu[:N]``) names no usable device on this host,
+    or ``None``. Cheap: counts devices without initialising a CUDA context."""
+    if spec == "auto":
+        return None
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        return f"{spec!r} is not a device; use auto, cpu, cuda, cuda:N, mps or xpu"
+    if device.type == "cpu":
+        return None if device.index in (None, 0) else f"{spec!r}: use 'cpu' (there is one CPU device)"
+    if device.type == "mps":
+        return None if torch.backends.mps.is_available() else f"{spec!r}: MPS is not available on this host"
+    if device.type not in ("cuda", "xpu"):
+        return f"{spec!r}: rlpost trains on auto, cpu, cuda, cuda:N, mps or xpu, not {device.type!r}"
+    backend = getattr(torch, device.type)
+    count = backend.device_count() if backend.is_available() else 0
+    if count == 0:
+        return f"{spec!r}: no {device.type.upper()} device on this host (use auto or cpu)"
+    if device.index is not None and device.index >= count:
+        return f"{spec!r}: this host has {count} {device.type.upper()} device(s) ({device.type}:0..{count - 1})"
+    return None
 
 
 # Top-level key -> (base class, is_list). ``run``, ``reward_weights``, ``torch_optimizer`` and ``lr_scheduler`` are
@@ -344,7 +389,7 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
     built["run"] = _check_with_parser("run", RunConfig, run_value, problems)
     resolved["run"] = dataclasses.asdict(built["run"]) if built["run"] is not None else run_value
     # Run-range problems are reported with every other problem; component checks below need a sane run section.
-    run_problems = _run_checks(built["run"]) if built["run"] is not None else []
+    run_problems = built["run"].problems() if built["run"] is not None else []
     for key, (base, kind) in COMPONENT_KEYS.items():
         if key not in cfg:
             continue
@@ -397,13 +442,19 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
         else:
             resolved["distributed"] = cfg["distributed"]
     run_problems.extend(_settings_checks(built))
+    if built.get("torch_optimizer") is not None:
+        run_problems.extend(
+            _optimizer_checks(cfg["torch_optimizer"], built["torch_optimizer"], cfg.get("lr_scheduler"), built)
+        )
     built["eval"] = None
     if cfg.get("eval") is not None:
         built["eval"], resolved["eval"] = _validate_eval(
             cfg["eval"], resolved.get("rewards", []), built, host, problems
         )
     weights = cfg.get("reward_weights", {}) or {}
-    if not isinstance(weights, dict) or not all(isinstance(v, (int, float)) for v in weights.values()):
+    if not isinstance(weights, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()
+    ):
         problems.append(f"reward_weights: expected a mapping of reward name to number, got {weights!r}")
         weights = {}
     if problems:
@@ -507,6 +558,8 @@ def _check_rewards(names: list[str], weights: dict[str, Any]) -> list[str]:
     for name, weight in weights.items():
         if name not in names:
             problems.append(f"reward_weights.{name}: names no reward in 'rewards'{suggest(name, names)}")
+        elif not math.isfinite(weight):
+            problems.append(f"reward_weights.{name}: must be a finite number, got {weight}")
         elif weight < 0:
             problems.append(f"reward_weights.{name}: negative weight {weight} (use a reward that scores the opposite)")
     if names and all(float(weights.get(n, 1.0)) == 0.0 for n in names):
@@ -538,29 +591,50 @@ def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
     return problems
 
 
-def _run_checks(run: RunConfig) -> list[str]:
-    """Range checks of the ``run`` section (reported together with every other problem)."""
+def _optimizer_checks(raw: Any, factory: OptimizerFactory, raw_scheduler: Any, built: dict[str, Any]) -> list[str]:
+    """Check the learning rate, then build ``torch.optim`` optimizers (and schedulers) on a one-element probe
+    parameter so torch's own argument checks (betas, eps, weight decay, ...) fail here instead of after the model
+    loaded. Other optimizer classes are not built: their constructors may need an accelerator or compile kernels."""
+    class_path = raw.get("class_path") if isinstance(raw, dict) else raw
+    init = (raw.get("init_args") or {}) if isinstance(raw, dict) else {}
+    lr = init.get("lr") if isinstance(init, dict) else None
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool) and not (math.isfinite(lr) and lr > 0):
+        return [f"torch_optimizer.init_args.lr: must be a positive finite number, got {lr}"]
+    if not (isinstance(class_path, str) and class_path.startswith("torch.optim.")):
+        return []
+    probe = torch.nn.Parameter(torch.zeros(1))
+    try:
+        optimizer = factory([probe])
+    except Exception as exc:  # noqa: BLE001 - torch raises ValueError/TypeError/RuntimeError for bad arguments
+        return [f"torch_optimizer: {class_path} rejects its arguments: {_one_line(exc)}"]
     problems = []
-    for name in ("max_steps", "groups_per_step", "samples_per_group", "log_every"):
-        if getattr(run, name) < 1:
-            problems.append(f"run.{name}: must be >= 1, got {getattr(run, name)}")
-    if run.max_grad_norm is not None and run.max_grad_norm <= 0:
-        problems.append(f"run.max_grad_norm: must be positive or null, got {run.max_grad_norm}")
+    for group in optimizer.param_groups:
+        value = float(group.get("lr", 1.0))
+        if not (math.isfinite(value) and value > 0):
+            problems.append(f"torch_optimizer.init_args.lr: must be a positive finite number, got {value}")
+            break
+    scheduler_path = raw_scheduler.get("class_path") if isinstance(raw_scheduler, dict) else raw_scheduler
+    factory_s = built.get("lr_scheduler")
+    if not problems and factory_s is not None and str(scheduler_path).startswith("torch.optim."):
+        try:
+            factory_s(optimizer)
+        except Exception as exc:  # noqa: BLE001 - as above
+            problems.append(f"lr_scheduler: {scheduler_path} rejects its arguments: {_one_line(exc)}")
     return problems
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
 def _settings_checks(built: dict[str, Any]) -> list[str]:
-    """Range checks of the checkpoint/logging/guards/ema sections that type-checked (``built[key]`` not None)."""
+    """Range checks of the checkpoint/logging/guards/ema sections that type-checked (``built[key]`` not None); each
+    settings class checks its own fields (``problems()``)."""
     problems: list[str] = []
-    for section, names in (
-        ("checkpoint", ("every", "keep_last")),
-        ("logging", ("grid_every",)),
-        ("guards", ("max_skipped_steps",)),
-    ):
+    for section in SETTINGS_KEYS:
         obj = built.get(section)
-        for name in names if obj is not None else ():
-            if getattr(obj, name) < 0:
-                problems.append(f"{section}.{name}: must be >= 0, got {getattr(obj, name)}")
+        if obj is not None:
+            problems.extend(obj.problems())
     if built.get("logging") is not None:
         problems.extend(missing_tracker_packages(built["logging"]))
     ema = built.get("ema")

@@ -1,7 +1,8 @@
 """The run directory: resolved recipe, versions, metrics JSONL and end-of-run summary.
 
-The resolved recipe and the version manifest are written once, when the run starts, and never overwritten: starting
-a new run in a directory that already holds a recipe is an error (resuming is the only way back into it). A resume
+The resolved recipe and the version manifest are written when the run starts and never overwritten once the run has
+trained: starting a new run in a directory that holds a trained run is an error (resuming is the only way back into
+it); a directory left by a start that failed before its first step (recipe and versions only) is reused. A resume
 (:meth:`RunDirectory.reopen`) checks the stored recipe instead, drops metric lines logged after the checkpoint it
 continues from (they will be logged again), and records itself in ``resumes.jsonl``.
 
@@ -20,11 +21,13 @@ import json
 import math
 import platform
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from rlpost.checkpoint import CHECKPOINT_DIR, CheckpointError, list_checkpoints
 from rlpost.plugins import PluginHost
 
 __all__ = ["RunDirectory", "json_safe"]
@@ -53,6 +56,36 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+def _read_jsonl_repairing_tail(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file whose last line may be torn (a crash or a full disk in the middle of an append).
+
+    A torn last line is dropped with a warning: it belongs to a step after the last checkpoint, which the resumed run
+    logs again. A bad line anywhere else is real corruption and is not guessed around.
+
+    Raises:
+        CheckpointError: A line other than the last is not a JSON object (names the file and line).
+    """
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    numbered = [(n, ln) for n, ln in enumerate(lines, 1) if ln.strip()]
+    records: list[dict[str, Any]] = []
+    for i, (n, line) in enumerate(numbered):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            if i == len(numbered) - 1:
+                warnings.warn(
+                    f"{path}:{n}: dropping a torn last line (an interrupted append): {line[:80]!r}",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                break
+            raise CheckpointError(f"{path}:{n}: corrupt line ({exc}); fix or remove it before resuming") from None
+        records.append(record)
+    return records
+
+
 def _version(dist: str) -> str | None:
     try:
         return md.version(dist)
@@ -75,16 +108,45 @@ class RunDirectory:
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def trained(self) -> list[str]:
+        """What in this directory shows that a run trained here (empty for a start that failed before step 1).
+
+        A complete checkpoint, logged metrics or evaluations, grids, a summary or a resume record count; the recipe,
+        versions and empty folders written by a start that failed while loading do not.
+        """
+        found = [f"{CHECKPOINT_DIR}/{c.path.name}" for c in list_checkpoints(self.path)[-1:]]
+        for name in (self.METRICS, "eval.jsonl", self.SUMMARY, "resumes.jsonl"):
+            f = self.path / name
+            if f.is_file() and f.stat().st_size > 0:
+                found.append(name)
+        for name in ("grids", "eval"):
+            d = self.path / name
+            if d.is_dir() and any(d.iterdir()):
+                found.append(name + "/")
+        return found
+
     def create(self, config: dict[str, Any], host: PluginHost) -> None:
         """Create the directory and write the resolved recipe and versions.
 
+        A directory whose recipe was written by a start that failed before training (:meth:`trained` finds nothing)
+        is reused: its recipe and versions are replaced, with a warning, so a fixed retry does not need a new
+        ``run.output_dir``.
+
         Raises:
-            FileExistsError: If the directory already holds a run's recipe (never overwritten).
+            FileExistsError: If the directory already holds a run that trained (never overwritten).
         """
         recipe_file = self.path / self.RECIPE
         if recipe_file.exists():
-            raise FileExistsError(
-                f"{recipe_file} already exists: refusing to overwrite another run's recipe; choose a new run.output_dir"
+            trained = self.trained()
+            if trained:
+                raise FileExistsError(
+                    f"{recipe_file} already exists and the run trained ({', '.join(trained)}): refusing to overwrite "
+                    "another run's recipe; resume it with --resume or choose a new run.output_dir"
+                )
+            warnings.warn(
+                f"{self.path} holds the recipe of a start that never trained (no checkpoint, no metrics): reusing it",
+                UserWarning,
+                stacklevel=2,
             )
         self.path.mkdir(parents=True, exist_ok=True)
         recipe_file.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -119,11 +181,11 @@ class RunDirectory:
             path = self.path / name
             if not path.is_file():
                 continue
-            kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
-            path.write_text("".join(ln + "\n" for ln in kept))
+            records = _read_jsonl_repairing_tail(path)
+            kept = [r for r in records if r.get("step", 0) <= step]
+            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
             if name == self.METRICS:
-                for line in kept:
-                    record = json.loads(line)
+                for record in kept:
                     record.pop("step", None)
                     history.append({k: (math.nan if v is None else float(v)) for k, v in record.items()})
         with (self.path / "resumes.jsonl").open("a") as fh:

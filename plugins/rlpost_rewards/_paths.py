@@ -8,9 +8,11 @@ was looked for, and where to obtain it.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
-__all__ = ["ENV_VAR", "CheckpointNotFoundError", "resolve_path"]
+__all__ = ["ENV_VAR", "CheckpointNotFoundError", "PathSpec", "path_problems", "resolve_path"]
 
 ENV_VAR = "RLPOST_MODELS"
 """Environment variable naming a directory that holds reward checkpoints under their default names."""
@@ -65,3 +67,34 @@ def resolve_path(
         f"Obtain it from {obtain}, then pass its path to the reward's constructor or place it at "
         f"${ENV_VAR}/{default_name}. rlpost never downloads reward weights."
     )
+
+
+class PathSpec(NamedTuple):
+    """One checkpoint a reward needs, as :func:`resolve_path` takes it, plus the constructor argument naming it."""
+
+    argument: str
+    explicit: str | os.PathLike[str] | None
+    default_name: str
+    what: str
+    obtain: str
+    is_dir: bool = False
+
+
+def path_problems(reward: Any, recipe: Any, specs: Sequence[PathSpec]) -> list[str]:
+    """Recipe problems for the checkpoints of ``reward`` that are not installed (validation: file checks only).
+
+    Each names the field (``rewards[i].init_args.<argument>`` when ``reward`` is one of ``recipe.rewards``).
+    """
+    rewards = list(getattr(recipe, "rewards", None) or [])
+    index = next((i for i, r in enumerate(rewards) if r is reward), None)
+    where = f"rewards[{index}]" if index is not None else f"reward {reward.name!r}"
+    problems = []
+    for spec in specs:
+        try:
+            resolve_path(
+                spec.explicit, spec.default_name, reward=reward.name, what=spec.what, obtain=spec.obtain,
+                is_dir=spec.is_dir,
+            )  # fmt: skip
+        except CheckpointNotFoundError as e:
+            problems.append(f"{where}.init_args.{spec.argument}: {e}")
+    return problems

@@ -16,7 +16,7 @@ from rlpost.api import RewardSource
 
 from ._common import DTypeName, check_images, check_scores, load_state_dict_file, to_dtype
 from ._hfclip import HFClip
-from ._paths import resolve_path
+from ._paths import PathSpec, path_problems, resolve_path
 
 __all__ = ["AestheticMLP", "AestheticReward", "load_aesthetic_head"]
 
@@ -84,6 +84,17 @@ class AestheticReward(RewardSource):
         self.dtype = to_dtype(dtype)
         self._clip: HFClip | None = None
         self._head: AestheticMLP | None = None
+
+    def validate(self, recipe: Any) -> list[str]:
+        """CLIP and the head must be installed (file checks; nothing loads)."""
+        return path_problems(
+            self,
+            recipe,
+            [
+                PathSpec("clip_dir", self.clip_dir, DEFAULT_CLIP_DIR, "CLIP ViT-L/14", OBTAIN_CLIP, True),
+                PathSpec("head", self.head, DEFAULT_HEAD, "aesthetic head", OBTAIN_HEAD),
+            ],
+        )
 
     def setup(self, device: torch.device) -> None:
         """Load CLIP and the head onto ``device`` (once)."""

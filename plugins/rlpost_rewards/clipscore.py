@@ -17,7 +17,7 @@ from rlpost.api import RewardSource
 
 from ._common import DTypeName, check_images, check_scores, to_dtype
 from ._openclip import OpenClipScorer
-from ._paths import resolve_path
+from ._paths import PathSpec, path_problems, resolve_path
 
 __all__ = ["CLIPScoreReward"]
 
@@ -53,6 +53,11 @@ class CLIPScoreReward(RewardSource):
         self.scale_100 = scale_100
         self.dtype = to_dtype(dtype)
         self._scorer: OpenClipScorer | None = None
+
+    def validate(self, recipe: Any) -> list[str]:
+        """The weights must be installed (a file check; nothing loads)."""
+        spec = PathSpec("pretrained", self.pretrained, DEFAULT_FILE, "open_clip weights", OBTAIN)
+        return path_problems(self, recipe, [spec])
 
     def setup(self, device: torch.device) -> None:
         """Create the open_clip model from the local weights on ``device`` (once)."""

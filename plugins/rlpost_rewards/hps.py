@@ -23,7 +23,7 @@ from rlpost.api import RewardSource
 
 from ._common import DTypeName, check_images, check_scores, load_state_dict_file, to_dtype
 from ._openclip import OpenClipScorer
-from ._paths import resolve_path
+from ._paths import PathSpec, path_problems, resolve_path
 
 __all__ = ["HPSv2Reward", "load_hps_state_dict"]
 
@@ -57,6 +57,11 @@ class HPSv2Reward(RewardSource):
         self.model_name = model_name
         self.dtype = to_dtype(dtype)
         self._scorer: OpenClipScorer | None = None
+
+    def validate(self, recipe: Any) -> list[str]:
+        """The checkpoint must be installed (a file check; nothing loads)."""
+        spec = PathSpec("checkpoint", self.checkpoint, DEFAULT_FILE, "HPS-v2.1 checkpoint", OBTAIN)
+        return path_problems(self, recipe, [spec])
 
     def setup(self, device: torch.device) -> None:
         """Load the checkpoint into open_clip ``model_name`` on ``device`` (once; later calls are no-ops)."""

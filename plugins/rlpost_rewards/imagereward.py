@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from rlpost.api import RewardSource
 
 from ._common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, DTypeName, check_images, check_scores, clip_preprocess, to_dtype
-from ._paths import resolve_path
+from ._paths import PathSpec, path_problems, resolve_path
 
 __all__ = [
     "UNUSED_UPSTREAM_KEYS",
@@ -325,6 +325,20 @@ class ImageRewardReward(RewardSource):
         self._model: ImageRewardModel | None = None
         self._tokenizer: Any = None
         self._device = torch.device("cpu")
+
+    def validate(self, recipe: Any) -> list[str]:
+        """The checkpoint, its config and the tokenizer must be installed (file checks; nothing loads)."""
+        return path_problems(
+            self,
+            recipe,
+            [
+                PathSpec("checkpoint", self.checkpoint, DEFAULT_CHECKPOINT, "checkpoint", OBTAIN),
+                PathSpec("med_config", self.med_config, DEFAULT_MED_CONFIG, "med config", OBTAIN),
+                PathSpec(
+                    "tokenizer_dir", self.tokenizer_dir, DEFAULT_TOKENIZER_DIR, "BERT tokenizer", OBTAIN_TOKENIZER, True
+                ),
+            ],
+        )
 
     def setup(self, device: torch.device) -> None:
         """Load the checkpoint and tokenizer from local files onto ``device`` (once)."""

@@ -17,7 +17,7 @@ from rlpost.api import RewardSource
 
 from ._common import DTypeName, check_images, check_scores, to_dtype
 from ._hfclip import HFClip
-from ._paths import resolve_path
+from ._paths import PathSpec, path_problems, resolve_path
 
 __all__ = ["PickScoreReward"]
 
@@ -61,6 +61,24 @@ class PickScoreReward(RewardSource):
         self._clip: HFClip | None = None
         self._tokenizer: Any = None
         self._logit_scale = 1.0
+
+    def validate(self, recipe: Any) -> list[str]:
+        """The model and tokenizer directories must be installed (directory checks; nothing loads)."""
+        return path_problems(
+            self,
+            recipe,
+            [
+                PathSpec("model_dir", self.model_dir, DEFAULT_MODEL_DIR, "PickScore model", OBTAIN_MODEL, True),
+                PathSpec(
+                    "tokenizer_dir",
+                    self.tokenizer_dir,
+                    DEFAULT_TOKENIZER_DIR,
+                    "CLIP-H tokenizer",
+                    OBTAIN_TOKENIZER,
+                    True,
+                ),
+            ],
+        )
 
     def setup(self, device: torch.device) -> None:
         """Load the model and tokenizer from local directories onto ``device`` (once)."""

@@ -8,6 +8,7 @@ encoding cache.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +23,10 @@ __all__ = [
     "LoraSpec",
     "ModelDirError",
     "PromptCache",
+    "cached_snapshot",
     "check_pipeline_dir",
     "is_local_path",
+    "resolution_problems",
     "resolve_dtype",
 ]
 
@@ -64,6 +67,19 @@ class LoraSpec:
     init_lora_weights: Literal["gaussian"] | bool = "gaussian"
     target_modules: list[str] = field(default_factory=lambda: list(SD3_LORA_TARGETS))
     dropout: float = 0.0
+
+    def problems(self, prefix: str) -> list[str]:
+        """Range problems of these settings, each naming its field under ``prefix`` (e.g. ``model.init_args.lora``)."""
+        problems = []
+        if self.rank < 1:
+            problems.append(f"{prefix}.rank: must be >= 1, got {self.rank}")
+        if not (math.isfinite(self.alpha) and self.alpha > 0):
+            problems.append(f"{prefix}.alpha: must be positive, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(f"{prefix}.dropout: must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            problems.append(f"{prefix}.target_modules: must name at least one module")
+        return problems
 
     def to_peft(self) -> object:
         """The equivalent ``peft.LoraConfig``."""
@@ -152,6 +168,47 @@ def check_pipeline_dir(path: Path, required: Iterable[str], weighted: Iterable[s
                 raise ModelDirError(f"{str(sub)!r} holds no weights (*.safetensors or *.bin)")
         elif comp == "scheduler" and not (sub / "scheduler_config.json").is_file():
             raise ModelDirError(f"{str(sub)!r} is missing scheduler_config.json")
+
+
+def cached_snapshot(repo_id: str) -> Path:
+    """The local-cache snapshot directory of hub model ``repo_id`` (a file-system lookup; nothing is downloaded).
+
+    Raises:
+        ModelDirError: The model is not in the local Hugging Face cache.
+    """
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception as e:  # noqa: BLE001 - LocalEntryNotFoundError, or a malformed id (HFValidationError)
+        raise ModelDirError(
+            f"{repo_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and rlpost does not "
+            f"download at training time ({type(e).__name__}); download it first (huggingface-cli download {repo_id}) "
+            "or give a local pipeline directory"
+        ) from None
+
+
+def resolution_problems(path: Path, resolution: int) -> list[str]:
+    """Why an image of ``resolution`` pixels does not fit the pipeline in ``path``, read from its ``vae`` and
+    ``transformer`` ``config.json``: it must be a multiple of VAE factor x patch size, and its latent patches must fit
+    the transformer's positional embedding (``pos_embed_max_size``). Missing or unreadable configs check nothing."""
+    try:
+        vae = json.loads((path / "vae" / "config.json").read_text(encoding="utf-8"))
+        transformer = json.loads((path / "transformer" / "config.json").read_text(encoding="utf-8"))
+        vae_factor = 2 ** (len(vae["block_out_channels"]) - 1)
+        patch = int(transformer.get("patch_size", 1))
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    factor = vae_factor * patch
+    if resolution % factor:
+        return [f"{resolution} is not a multiple of {factor} (VAE factor {vae_factor} x patch size {patch})"]
+    max_patches = transformer.get("pos_embed_max_size")
+    if isinstance(max_patches, int) and resolution // factor > max_patches:
+        return [
+            f"{resolution} is too large for this model: at most {max_patches * factor} "
+            f"(pos_embed_max_size {max_patches} patches x {factor} pixels)"
+        ]
+    return []
 
 
 class PromptCache:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -30,8 +31,10 @@ from rlpost.models._common import (
     LoraSpec,
     ModelDirError,
     PromptCache,
+    cached_snapshot,
     check_pipeline_dir,
     is_local_path,
+    resolution_problems,
     resolve_dtype,
 )
 from rlpost.models.tiny import ensure_tiny_sd3, parse_tiny_id
@@ -108,19 +111,35 @@ class SD3Policy(Policy):
         return self.guidance_scale > 1.0
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check the model directory (when local) and the resolution, without loading weights."""
+        """Check the settings, the model directory (local, or a hub id's snapshot in the local cache) and that the
+        resolution fits the model's configs, without loading weights."""
         problems: list[str] = []
+        if self.resolution <= 0:
+            problems.append(f"model.init_args.resolution: must be positive, got {self.resolution}")
+        if not math.isfinite(self.guidance_scale):
+            problems.append(f"model.init_args.guidance_scale: must be a finite number, got {self.guidance_scale}")
+        if self.max_sequence_length < 1:
+            problems.append(f"model.init_args.max_sequence_length: must be >= 1, got {self.max_sequence_length}")
+        if self.lora is not None:
+            problems.extend(self.lora.problems("model.init_args.lora"))
         try:
             tiny = parse_tiny_id(self.pretrained)
         except ValueError as e:
-            return [f"model.init_args.pretrained: {e}"]
-        if tiny is None and is_local_path(self.pretrained):
-            try:
-                check_pipeline_dir(Path(self.pretrained), _SD3_REQUIRED, _SD3_WEIGHTED)
-            except ModelDirError as e:
-                problems.append(f"model.pretrained: {e}")
-        if self.resolution <= 0:
-            problems.append(f"model.resolution must be positive, got {self.resolution}")
+            return [*problems, f"model.init_args.pretrained: {e}"]
+        if tiny is not None:
+            return problems  # built on first use from known configs (rlpost/models/tiny.py)
+        try:
+            if is_local_path(self.pretrained):
+                directory = Path(self.pretrained).expanduser()
+            elif self.local_files_only:
+                directory = cached_snapshot(self.pretrained)
+            else:
+                return problems  # may be downloaded by setup(); nothing local to check
+            check_pipeline_dir(directory, _SD3_REQUIRED, _SD3_WEIGHTED)
+        except ModelDirError as e:
+            return [*problems, f"model.init_args.pretrained: {e}"]
+        if self.resolution > 0:
+            problems.extend(f"model.init_args.resolution: {p}" for p in resolution_problems(directory, self.resolution))
         return problems
 
     def setup(self, device: torch.device) -> None:

@@ -2,7 +2,8 @@
 
 Overlays in recipes/ablations/ name their base recipe in a ``# base: recipes/...`` header line. Recipes whose data
 is not shipped (e.g. the HPDv2 training prompts) declare it with ``# requires-data: PATH``; the test validates them
-in a scratch directory where a small stand-in file exists at that path (the recipe is valid given its data).
+in a scratch directory where a small stand-in file exists at that path (the recipe is valid given its data). Model
+weights and reward checkpoints are stood in the same way (tests/weights_standins.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 from rlpost.models.sd3 import SD3Policy
 from rlpost.plugins import PluginHost
 from rlpost.recipe import merge_sources, validate
+from tests.weights_standins import standin_weights  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 # recipes/bench/ holds bench recipes (a ``bench`` section plus per-algorithm overlays), validated by
@@ -43,8 +45,9 @@ def _required_data(*recipes: Path) -> list[str]:
 
 
 @pytest.fixture
-def scratch(tmp_path, monkeypatch):
-    """Run validation from a scratch working directory (stand-in data files go there)."""
+def scratch(tmp_path, monkeypatch, standin_weights):  # noqa: F811 - the fixture imported above
+    """Run validation from a scratch working directory (stand-in data files go there), with stand-ins of the model
+    weights and reward checkpoints the recipes name (validation checks they are installed; nothing loads them)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "assets").symlink_to(ROOT / "assets")  # shipped models (assets/digits-sd3) resolve as in the repo
 

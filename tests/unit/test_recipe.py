@@ -13,7 +13,9 @@ from rlpost.plugins import PluginHost, reset_host
 from rlpost.recipe import RecipeError, merge_sources, validate
 from tests import toy_components
 from tests.toy_components import toy_recipe
+from tests.weights_standins import standin_weights  # noqa: F401 - fixture
 
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = Path(__file__).resolve().parents[1] / "fixtures" / "recipes"
 BAD = sorted((RECIPES / "bad").glob("*.yaml"))
 STANDALONE = [RECIPES / n for n in ("missing_model.yaml", "invalid_yaml.yaml", "not_a_mapping.yaml")]
@@ -24,7 +26,11 @@ def _expectations(path: Path) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def no_model_loading(monkeypatch):
+def no_model_loading(monkeypatch, standin_weights):  # noqa: F811 - the fixture imported above
+    # valid.yaml names SD3.5 Medium and fixtures name prompt files by repository-relative paths: validate them from
+    # the repository root with a stand-in of the model in a scratch HF cache.
+    monkeypatch.chdir(ROOT)
+
     def forbidden(self, device):
         raise AssertionError("validation must not load any model")
 

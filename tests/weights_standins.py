@@ -1,0 +1,75 @@
+"""Stand-ins for weights a recipe names but tests cannot download: a diffusers SD3 pipeline directory with real
+configs and empty weight files, placed in a scratch Hugging Face cache, and reward checkpoint files under a scratch
+``$RLPOST_MODELS``. Validation only checks that these exist and reads their configs, so a stand-in lets a test
+validate a full-size recipe; loading one fails, which tests that must not load weights want anyway."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
+
+# Reward checkpoints the shipped recipes use, as default names under $RLPOST_MODELS (file or directory).
+REWARD_FILES = ("HPS_v2.1_compressed.pt",)
+
+
+def write_sd3_standin(directory: Path, vae_blocks: int = 4, patch_size: int = 2, pos_embed_max_size: int = 192) -> Path:
+    """An SD3-shaped pipeline directory: ``model_index.json``, each component's config and an empty weight file.
+
+    Defaults follow SD3.5 Medium's configs (VAE factor 8, patch 2, 192 positional patches: at most 3072 pixels).
+    """
+    components = {
+        "transformer": ("diffusers", "SD3Transformer2DModel"),
+        "vae": ("diffusers", "AutoencoderKL"),
+        "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
+        "text_encoder": ("transformers", "CLIPTextModelWithProjection"),
+        "tokenizer": ("transformers", "CLIPTokenizer"),
+        "text_encoder_2": ("transformers", "CLIPTextModelWithProjection"),
+        "tokenizer_2": ("transformers", "CLIPTokenizer"),
+        "text_encoder_3": ("transformers", "T5EncoderModel"),
+        "tokenizer_3": ("transformers", "T5TokenizerFast"),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    index = {"_class_name": "StableDiffusion3Pipeline", **{k: list(v) for k, v in components.items()}}
+    (directory / "model_index.json").write_text(json.dumps(index))
+    configs = {
+        "transformer": {"patch_size": patch_size, "pos_embed_max_size": pos_embed_max_size},
+        "vae": {"block_out_channels": [128] * vae_blocks},
+    }
+    for name in components:
+        sub = directory / name
+        sub.mkdir(exist_ok=True)
+        if name == "scheduler":
+            (sub / "scheduler_config.json").write_text("{}")
+        elif not name.startswith("tokenizer"):
+            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
+            (sub / "model.safetensors").write_bytes(b"")
+    return directory
+
+
+def hub_cache_standin(cache: Path, repo_id: str) -> Path:
+    """Place an SD3 stand-in in the Hugging Face cache layout under ``cache`` and return its snapshot directory."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return write_sd3_standin(repo / "snapshots" / commit)
+
+
+@pytest.fixture
+def standin_weights(tmp_path_factory, monkeypatch) -> Path:
+    """A scratch HF cache holding SD3.5 Medium and a scratch ``$RLPOST_MODELS`` holding the reward checkpoints."""
+    import huggingface_hub.constants
+
+    root = tmp_path_factory.mktemp("standin-weights")
+    hub_cache_standin(root / "hub", SD35_MEDIUM)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root / "hub"))
+    models = root / "models"
+    models.mkdir()
+    for name in REWARD_FILES:
+        (models / name).write_bytes(b"")
+    monkeypatch.setenv("RLPOST_MODELS", str(models))
+    return root
