@@ -55,7 +55,7 @@ from rlpost.evaluation import EvalSettings, EvalSpec
 from rlpost.guards import GuardConfig
 from rlpost.logging_ import LoggingConfig, missing_tracker_packages
 from rlpost.plugins import PluginHost
-from rlpost.registry import suggest
+from rlpost.registry import ContestedComponentError, suggest
 
 __all__ = [
     "COMPONENT_KEYS",
@@ -283,8 +283,18 @@ def _resolve_component(value: Any, field_name: str, kind: str, host: PluginHost,
         problems.append(f"{field_name}.class_path: missing; choose one of {host.registry(kind).names()}")
         return None
     registry = host.registry(kind)
-    if class_path in registry:
-        value["class_path"] = registry.get(class_path).class_path
+    try:
+        entry = registry.get(class_path)
+    except ContestedComponentError as exc:  # two distributions claim the name: never pick one silently
+        problems.append(f"{field_name}.class_path: {exc}")
+        return None
+    except KeyError as exc:
+        if ":" in class_path:  # a qualified dist:name that does not exist
+            problems.append(f"{field_name}.class_path: {exc.args[0]}")
+            return None
+        entry = None
+    if entry is not None:
+        value["class_path"] = entry.class_path
     elif "." not in class_path:
         by_class = [e for e in registry.entries() if e.cls.__name__ == class_path]
         if by_class:
