@@ -3,12 +3,22 @@
 * Built-in modules (``DEFAULT_PLUGINS``) are registered by import, like pytest's default plugins.
 * Entry points of group ``rlpost`` are loaded **one at a time**: a plugin that fails to import, fails pluggy's
   validation, or raises inside a registration hook is recorded with its name, distribution and exception and
-  skipped; the CLI keeps working. First-party plugins (distribution ``rlpost``) use the same group.
+  skipped (none of its hooks or components stay active); the CLI keeps working. First-party plugins (distribution
+  ``rlpost``) use the same group.
+* **Built-ins always win, whatever the load order or hook ordering.** Plugins are loaded and their registration
+  hooks called in a fixed order: core modules, then first-party entry points, then third-party ones sorted by
+  distribution and entry-point name (never ``sys.path`` order, never pluggy's ``tryfirst``/``trylast`` order).
+  A component name that is already taken is refused, the refusing plugin is marked ``error`` naming both
+  distributions, and the name becomes *contested*: a recipe naming it without qualification fails validation
+  (``rlpost:jpeg-compressibility`` or blocking one plugin chooses). A third-party entry point named like a
+  first-party one (``rewards`` in another distribution) is refused without being imported and never disables the
+  first-party plugin; two third-party distributions using one entry-point name are both refused.
 * Environment switches (read when the host is built):
 
   - ``RLPOST_LOAD_PLUGINS``: comma-separated allowlist of third-party plugin or distribution names; set but empty
     means no third-party plugin loads (llm / datasette convention). First-party plugins are not affected.
-  - ``RLPOST_BLOCK_PLUGINS``: comma-separated plugin or distribution names never loaded (first-party included).
+  - ``RLPOST_BLOCK_PLUGINS``: comma-separated plugin, distribution or ``distribution:plugin`` names never loaded
+    (first-party included).
   - ``RLPOST_DISABLE_PLUGIN_AUTOLOAD=1``: no third-party entry point loads (the test suite sets it, so plugins
     installed on a developer's machine cannot change test results).
   - ``RLPOST_TRACE_PLUGINS=1``: print every hook call, its implementations and results to stderr.
@@ -32,7 +42,7 @@ import pluggy
 
 from rlpost import hookspecs
 from rlpost.api import AdvantageEstimator, Component, Policy, PolicyOptimizer, PromptSource, RewardSource, Sampler
-from rlpost.registry import DuplicateComponentError, Registry
+from rlpost.registry import Registry, canonical_distribution
 
 __all__ = ["DEFAULT_PLUGINS", "ENTRY_POINT_GROUP", "PluginHost", "PluginInfo", "get_host", "reset_host"]
 
@@ -116,6 +126,7 @@ class PluginHost:
         self.registries: dict[str, Registry[Any]] = {
             key: Registry(key, base) for key, base in REGISTRATION_HOOKS.values()
         }
+        self._order: list[str] = []  # registered plugin names, in registration order
         self._trace = os.environ.get("RLPOST_TRACE_PLUGINS", "") not in ("", "0")
         if self._trace:
             self._enable_tracing()
@@ -126,6 +137,8 @@ class PluginHost:
             self._load_entrypoints()
         for index, plugin in enumerate(extra_plugins):
             name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
+            if name in self.infos:
+                name = f"<local>:{name}"
             self._register(plugin, name, "<local>", "", repr(plugin), False)
         self._run_registrations()
 
@@ -143,73 +156,136 @@ class PluginHost:
             info.status, info.error = "error", _format_exc(exc)
             return info
         info.hooks = sorted(impl_name for impl_name, _ in self._hooknames_of(plugin))
+        self._order.append(name)
         return info
 
     def _hooknames_of(self, plugin: object) -> Iterator[tuple[str, object]]:
         for caller in self.pm.get_hookcallers(plugin) or []:
             yield caller.name, caller
 
+    def _entry_points(self) -> list[tuple[md.EntryPoint, str, str, bool]]:
+        """Every ``rlpost`` entry point as (entry point, distribution, version, first-party), in load order.
+
+        First-party entry points come first, then third-party ones sorted by (distribution, name): the order of
+        ``sys.path`` (which decides ``importlib.metadata``'s order) never decides who gets a name.
+        """
+        found: dict[tuple[str, str], tuple[md.EntryPoint, str, str, bool]] = {}
+        for dist in md.distributions():
+            dist_name = dist.metadata["Name"] or "<unknown>"
+            for ep in dist.entry_points:
+                key = (canonical_distribution(dist_name), ep.name)
+                if ep.group != ENTRY_POINT_GROUP or key in found:
+                    continue  # the same distribution twice on sys.path: the first copy is the one Python imports
+                first_party = key[0] == FIRST_PARTY_DISTRIBUTION
+                found[key] = (ep, dist_name, dist.version or "", first_party)
+        return sorted(found.values(), key=lambda t: (not t[3], canonical_distribution(t[1]), t[0].name))
+
     def _load_entrypoints(self) -> None:
         allow = _split_env("RLPOST_LOAD_PLUGINS")
         block = _split_env("RLPOST_BLOCK_PLUGINS") or set()
         no_autoload = os.environ.get("RLPOST_DISABLE_PLUGIN_AUTOLOAD", "") not in ("", "0")
-        seen: set[tuple[str, str]] = set()
-        for dist in md.distributions():
-            dist_name = dist.metadata["Name"] or "<unknown>"
-            for ep in dist.entry_points:
-                if ep.group != ENTRY_POINT_GROUP or (dist_name, ep.name) in seen:
-                    continue
-                seen.add((dist_name, ep.name))
-                first_party = _canonical(dist_name) == FIRST_PARTY_DISTRIBUTION
-                info = PluginInfo(name=ep.name, distribution=dist_name, version=dist.version or "", source=ep.value)
-                if ep.name in block or dist_name in block:
-                    info.status = "blocked"
-                elif not first_party and no_autoload and allow is None:
-                    info.status = "disabled"
-                elif not first_party and allow is not None and not ({ep.name, dist_name} & allow):
-                    info.status = "not-allowed"
-                if info.status != "ok":
-                    self.infos.setdefault(ep.name, info)
-                    continue
-                if ep.name in self.infos and self.infos[ep.name].status == "ok":
+        candidates: list[tuple[md.EntryPoint, PluginInfo, bool]] = []
+        for ep, dist_name, version, first_party in self._entry_points():
+            info = PluginInfo(name=ep.name, distribution=dist_name, version=version, source=ep.value)
+            names = {ep.name, dist_name, canonical_distribution(dist_name), f"{dist_name}:{ep.name}"}
+            if names & block:
+                info.status = "blocked"
+            elif not first_party and no_autoload and allow is None:
+                info.status = "disabled"
+            elif not first_party and allow is not None and not (names & allow):
+                info.status = "not-allowed"
+            candidates.append((ep, info, first_party))
+        # Who else wants each entry-point name (among plugins that would load): decided before anything is
+        # imported, so neither order nor an import side effect can change the outcome.
+        # First-party names stay reserved even when blocked: blocking a built-in must not hand its name over.
+        taken = {name: FIRST_PARTY_DISTRIBUTION for name in DEFAULT_PLUGINS}
+        for ep, info, first_party in candidates:
+            if first_party:
+                taken.setdefault(ep.name, info.distribution)
+        third: dict[str, list[str]] = {}  # entry-point name -> third-party distributions that would load it
+        shared: dict[str, int] = {}  # entry-point name -> number of third-party distributions using it at all
+        for ep, info, first_party in candidates:
+            if not first_party:
+                shared[ep.name] = shared.get(ep.name, 0) + 1
+                if info.status == "ok":
+                    third.setdefault(ep.name, []).append(info.distribution)
+        for ep, info, first_party in candidates:
+            if not first_party and info.status == "ok":
+                if ep.name in taken:
                     info.status = "error"
                     info.error = (
-                        f"plugin name {ep.name!r} already used by distribution {self.infos[ep.name].distribution!r}"
+                        f"entry-point name {ep.name!r} of distribution {info.distribution!r} is taken by first-party "
+                        f"distribution {taken[ep.name]!r}; this plugin was not loaded (rename its entry point, or "
+                        f"block it with RLPOST_BLOCK_PLUGINS={info.distribution})"
                     )
-                    self.infos[f"{dist_name}:{ep.name}"] = info
-                    continue
-                try:
-                    plugin = ep.load()
-                except BaseException as exc:  # noqa: BLE001 - a plugin may even raise SystemExit at import
-                    if isinstance(exc, KeyboardInterrupt):
-                        raise
-                    info.status, info.error = "error", _format_exc(exc)
-                    if self._trace:
-                        traceback.print_exception(exc, file=sys.stderr)
-                    self.infos[ep.name] = info
-                    continue
-                self._register(plugin, ep.name, dist_name, dist.version or "", ep.value, False)
+                elif len(third[ep.name]) > 1:
+                    info.status = "error"
+                    info.error = (
+                        f"entry-point name {ep.name!r} is used by distributions "
+                        f"{' and '.join(repr(d) for d in third[ep.name])}; none of them was loaded (block all but "
+                        f"one with RLPOST_BLOCK_PLUGINS, or uninstall one)"
+                    )
+            # A name shared with another distribution is listed qualified (``dist:name``), so both stay visible.
+            # One that is not loaded (blocked, ...) never pushes a loaded one off its plain name.
+            loading = len(third.get(ep.name, []))
+            contested = not first_party and (
+                ep.name in taken or loading > 1 or (info.status != "ok" and shared[ep.name] > 1)
+            )
+            key = f"{info.distribution}:{ep.name}" if contested or ep.name in self.infos else ep.name
+            info.name = key
+            if info.status != "ok":
+                self.infos[key] = info
+                continue
+            try:
+                plugin = ep.load()
+            except BaseException as exc:  # noqa: BLE001 - a plugin may even raise SystemExit at import
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                info.status, info.error = "error", _format_exc(exc)
+                if self._trace:
+                    traceback.print_exception(exc, file=sys.stderr)
+                self.infos[key] = info
+                continue
+            self._register(plugin, key, info.distribution, info.version, ep.value, False)
 
     def _run_registrations(self) -> None:
-        """Call each registration hook implementation on its own, crediting components to their plugin."""
-        for hook_name, (key, _) in REGISTRATION_HOOKS.items():
-            registry = self.registries[key]
-            caller = getattr(self.pm.hook, hook_name)
-            for impl in caller.get_hookimpls():
-                info = self.infos.get(impl.plugin_name)
-                if info is None or info.status != "ok":
-                    continue
-                registry.set_provenance(info.name, info.distribution)
-                before = set(registry.names())
-                kwargs = {arg: registry for arg in impl.argnames}
-                try:
-                    self._traced_call(hook_name, impl.plugin_name, impl.function, kwargs)
-                except DuplicateComponentError as exc:
-                    info.error = _format_exc(exc)
-                    info.status = "error"
-                except Exception as exc:  # noqa: BLE001 - isolate the failing plugin
-                    info.status, info.error = "error", _format_exc(exc)
-                info.components.extend(f"{key}:{name}" for name in sorted(set(registry.names()) - before))
+        """Call each plugin's registration hooks on their own, in load order, crediting components to it.
+
+        The order is the host's (core, first-party, third-party by name, local), not pluggy's call order, so
+        ``tryfirst``/``trylast`` cannot make a plugin register before a built-in. A plugin whose registration fails
+        (including a refused duplicate name) is removed whole: its components and all its hooks.
+        """
+        for name in list(self._order):
+            info = self.infos[name]
+            plugin = self.pm.get_plugin(name)
+            if info.status != "ok" or plugin is None:
+                continue
+            for hook_name, (key, _) in REGISTRATION_HOOKS.items():
+                impls = [i for i in getattr(self.pm.hook, hook_name).get_hookimpls() if i.plugin_name == name]
+                registry = self.registries[key]
+                for impl in impls:
+                    registry.set_provenance(info.name, info.distribution)
+                    before = set(registry.names())
+                    kwargs = {arg: registry for arg in impl.argnames}
+                    try:
+                        self._traced_call(hook_name, impl.plugin_name, impl.function, kwargs)
+                    except Exception as exc:  # noqa: BLE001 - isolate the failing plugin
+                        info.status, info.error = "error", _format_exc(exc)
+                    info.components.extend(f"{key}:{n}" for n in sorted(set(registry.names()) - before))
+                if info.status != "ok":
+                    break
+            if info.status != "ok":
+                self._unload(name)
+
+    def _unload(self, name: str) -> None:
+        """Take a failed plugin out entirely: no component it registered and none of its hooks stay active."""
+        for registry in self.registries.values():
+            registry.remove_plugin(name)
+        self.infos[name].components = []
+        plugin = self.pm.get_plugin(name)
+        if plugin is not None:
+            self.pm.unregister(plugin)
+        self._order.remove(name)
 
     def _traced_call(self, hook: str, plugin: str, function: Any, kwargs: Mapping[str, Any]) -> Any:
         if self._trace:
@@ -258,10 +334,6 @@ class PluginHost:
         plugin = self.pm.get_plugin(name)
         if plugin is not None:
             self.pm.unregister(plugin)
-
-
-def _canonical(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def _dist_version(dist: str) -> str:

@@ -56,7 +56,9 @@ from rlpost.evaluation import EvalSettings, EvalSpec
 from rlpost.guards import GuardConfig
 from rlpost.logging_ import LoggingConfig, missing_tracker_packages
 from rlpost.plugins import PluginHost
-from rlpost.registry import suggest
+from rlpost.registry import ContestedComponentError, suggest
+from rlpost.yaml_limits import MAX_BYTES as MAX_YAML_BYTES
+from rlpost.yaml_limits import YamlLimitError, load_yaml, short_repr
 
 __all__ = [
     "COMPONENT_KEYS",
@@ -172,12 +174,29 @@ STATE_BREAKING_KEYS = ("model",)
 STATE_BREAKING_CLASSES = ("sampler", "advantage", "optimizer", "torch_optimizer", "lr_scheduler")
 
 
+# What an error message may print: a hostile recipe must not turn into a multi-megabyte message.
+MAX_PROBLEM_CHARS = 1000
+MAX_PROBLEMS_SHOWN = 50
+
+
 class RecipeError(Exception):
-    """A recipe failed validation; ``problems`` lists every problem, each naming its field."""
+    """A recipe failed validation; ``problems`` lists every problem, each naming its field.
+
+    The message shows at most :data:`MAX_PROBLEMS_SHOWN` problems of at most :data:`MAX_PROBLEM_CHARS` characters
+    each (``problems`` keeps them all).
+    """
 
     def __init__(self, problems: Sequence[str]) -> None:
         self.problems = list(problems)
-        super().__init__("invalid recipe:\n" + "\n".join(f"  - {p}" for p in self.problems))
+        shown = [_clip(p, MAX_PROBLEM_CHARS) for p in self.problems[:MAX_PROBLEMS_SHOWN]]
+        hidden = len(self.problems) - len(shown)
+        if hidden:
+            shown.append(f"... and {hidden} more problem(s)")
+        super().__init__("invalid recipe:\n" + "\n".join(f"  - {p}" for p in shown))
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 30]}... ({len(text)} characters in all)"
 
 
 @dataclass
@@ -256,13 +275,22 @@ def _deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
+    """Read one recipe file with the limits of :mod:`rlpost.yaml_limits` (size, nesting, alias expansion)."""
     p = Path(path)
     if not p.is_file():
         raise RecipeError([f"recipe file not found: {path}"])
     try:
-        data = yaml.safe_load(p.read_text())
+        if p.stat().st_size > MAX_YAML_BYTES:  # refuse before reading: the file may be huge
+            raise RecipeError([f"{path}: not valid YAML: larger than {MAX_YAML_BYTES} bytes, the limit for a recipe"])
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError([f"{path}: not valid YAML: not UTF-8 text ({exc.reason} at byte {exc.start})"]) from None
+    except OSError as exc:
+        raise RecipeError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        data = load_yaml(text, path)
     except yaml.YAMLError as exc:
-        raise RecipeError([f"{path}: not valid YAML: {exc}"]) from None
+        raise RecipeError([f"{path}: not valid YAML: {_clip(str(exc), MAX_PROBLEM_CHARS)}"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -295,16 +323,19 @@ def merge_sources(recipes: Sequence[str], overrides: Sequence[tuple[str, str]] =
     """Merge recipe files (later ones overlay earlier ones) and ``--a.b value`` overrides (values parsed as YAML).
 
     Raises:
-        RecipeError: If a file is missing or not a YAML mapping.
+        RecipeError: If a file is missing or not a YAML mapping, or a file or override exceeds a YAML limit (size,
+            nesting, alias expansion; see :mod:`rlpost.yaml_limits`).
     """
     cfg: dict[str, Any] = {}
     for path in recipes:
         cfg = _deep_merge(cfg, _read_yaml(path))
     for dotted, raw in overrides:
         try:
-            value = yaml.safe_load(raw)
+            value = load_yaml(raw, f"--{dotted}")
+        except YamlLimitError as exc:
+            raise RecipeError([f"--{dotted}: not valid YAML: {exc}"]) from None
         except yaml.YAMLError:
-            value = raw
+            value = raw  # not YAML: the plain string
         _set_path(cfg, dotted, value)
     return cfg
 
@@ -317,7 +348,9 @@ def _resolve_component(value: Any, field_name: str, kind: str, host: PluginHost,
     if isinstance(value, str):
         value = {"class_path": value}
     if not isinstance(value, dict):
-        problems.append(f"{field_name}: expected a component ({{class_path: ..., init_args: ...}}), got {value!r}")
+        problems.append(
+            f"{field_name}: expected a component ({{class_path: ..., init_args: ...}}), got {short_repr(value)}"
+        )
         return None
     value = dict(value)
     extra = {k: value.pop(k) for k in list(value) if k not in ("class_path", "init_args", "dict_kwargs")}
@@ -328,15 +361,26 @@ def _resolve_component(value: Any, field_name: str, kind: str, host: PluginHost,
         problems.append(f"{field_name}.class_path: missing; choose one of {host.registry(kind).names()}")
         return None
     registry = host.registry(kind)
-    if class_path in registry:
-        value["class_path"] = registry.get(class_path).class_path
+    try:
+        entry = registry.get(class_path)
+    except ContestedComponentError as exc:  # two distributions claim the name: never pick one silently
+        problems.append(f"{field_name}.class_path: {exc}")
+        return None
+    except KeyError as exc:
+        if ":" in class_path:  # a qualified dist:name that does not exist
+            problems.append(f"{field_name}.class_path: {exc.args[0]}")
+            return None
+        entry = None
+    if entry is not None:
+        value["class_path"] = entry.class_path
     elif "." not in class_path:
         by_class = [e for e in registry.entries() if e.cls.__name__ == class_path]
         if by_class:
             value["class_path"] = by_class[0].class_path
         else:
             problems.append(
-                f"{field_name}.class_path: unknown {kind} {class_path!r}{suggest(class_path, registry.names())} "
+                f"{field_name}.class_path: unknown {kind} {short_repr(class_path)}"
+                f"{suggest(class_path, registry.names())} "
                 f"(available: {', '.join(registry.names()) or 'none'})"
             )
             return None
@@ -455,7 +499,7 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
     if not isinstance(weights, dict) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()
     ):
-        problems.append(f"reward_weights: expected a mapping of reward name to number, got {weights!r}")
+        problems.append(f"reward_weights: expected a mapping of reward name to number, got {short_repr(weights)}")
         weights = {}
     if problems:
         raise RecipeError(problems + run_problems)

@@ -3,6 +3,11 @@
 A :class:`Registry` holds component *classes* of one kind, keyed by their self-declared kebab-case ``name``.
 It records which plugin and distribution registered each class (for ``rlpost plugins list`` and run manifests)
 and refuses a second class under a name already taken, naming both distributions.
+
+The plugin host registers first-party plugins (distribution ``rlpost``) before any third-party one, so a built-in
+always keeps its name. The refused claim is remembered: the name is then *contested*, and :meth:`Registry.get`
+refuses an unqualified lookup of it (naming every claimant) so a recipe never silently gets a component its author
+did not mean. ``dist:name`` (e.g. ``rlpost:jpeg-compressibility``) chooses explicitly.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Generic, TypeVar
 
 from rlpost.api import Component
 
-__all__ = ["DuplicateComponentError", "Registry", "RegistryEntry", "suggest"]
+__all__ = ["ContestedComponentError", "DuplicateComponentError", "Registry", "RegistryEntry", "suggest"]
 
 C = TypeVar("C", bound=Component)
 
@@ -23,6 +28,30 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
 
 class DuplicateComponentError(ValueError):
     """Two plugins registered a component of the same kind under the same name."""
+
+
+class ContestedComponentError(LookupError):
+    """A component name claimed by more than one distribution was looked up without saying which one is meant."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One attempt to register a class under a name (kept even when refused, so the contest stays visible).
+
+    Attributes:
+        plugin: Plugin that made the claim.
+        distribution: Its distribution.
+        class_path: Dotted path of the claimed class.
+    """
+
+    plugin: str
+    distribution: str
+    class_path: str
+
+
+def canonical_distribution(name: str) -> str:
+    """PEP 503 normalised distribution name (``Foo_Bar.baz`` -> ``foo-bar-baz``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @dataclass(frozen=True)
@@ -65,6 +94,8 @@ class Registry(Generic[C]):
         self.kind = kind
         self.base = base
         self._entries: dict[str, RegistryEntry[C]] = {}
+        # Every distinct class ever offered under a name, winner first; more than one claim = contested name.
+        self._claims: dict[str, list[Claim]] = {}
         self._current: tuple[str, str] = ("<unknown>", "<unknown>")
 
     def set_provenance(self, plugin: str, distribution: str) -> None:
@@ -87,28 +118,97 @@ class Registry(Generic[C]):
                 f"(e.g. name = 'tree'), got {name!r}"
             )
         plugin, dist = self._current
+        class_path = f"{cls.__module__}.{cls.__qualname__}"
         existing = self._entries.get(name)
+        if existing is not None and existing.cls is cls:
+            return cls
+        claims = self._claims.setdefault(name, [])
+        if not any(c.class_path == class_path and c.distribution == dist for c in claims):
+            claims.append(Claim(plugin=plugin, distribution=dist, class_path=class_path))
         if existing is not None:
-            if existing.cls is cls:
-                return cls
             raise DuplicateComponentError(
                 f"{self.kind} name {name!r} is registered twice: by {existing.class_path} "
                 f"(plugin {existing.plugin!r}, distribution {existing.distribution!r}) and by "
-                f"{cls.__module__}.{cls.__qualname__} (plugin {plugin!r}, distribution {dist!r})"
+                f"{class_path} (plugin {plugin!r}, distribution {dist!r}); the second registration is refused"
+                + (" (built-in names always stay with rlpost)" if existing.distribution == "rlpost" else "")
             )
         self._entries[name] = RegistryEntry(name=name, cls=cls, plugin=plugin, distribution=dist)
         return cls
 
+    def remove_plugin(self, plugin: str) -> list[str]:
+        """Drop every component ``plugin`` registered (the host calls this when the plugin fails to register).
+
+        Its claims are kept, so a name it tried to take stays contested.
+
+        Returns:
+            The removed names.
+        """
+        gone = [name for name, entry in self._entries.items() if entry.plugin == plugin]
+        for name in gone:
+            del self._entries[name]
+        return sorted(gone)
+
+    def claims(self, name: str) -> list[Claim]:
+        """Every distinct class offered under ``name`` (the registered one first); empty when unknown."""
+        return list(self._claims.get(name, []))
+
+    def contested(self) -> dict[str, list[Claim]]:
+        """Names claimed by more than one class, with their claims."""
+        return {name: list(claims) for name, claims in sorted(self._claims.items()) if len(claims) > 1}
+
     def get(self, name: str) -> RegistryEntry[C]:
-        """Return the entry for ``name``.
+        """Return the entry for ``name`` or for a qualified ``distribution:name``.
 
         Raises:
             KeyError: With a "did you mean" message when ``name`` is unknown.
+            ContestedComponentError: When more than one distribution claimed an unqualified ``name``, or the
+                qualified claim was refused; the message names every claimant and how to choose.
         """
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise KeyError(f"unknown {self.kind} {name!r}{suggest(name, self.names())}") from None
+        dist, sep, short = name.rpartition(":")
+        if not sep:
+            short = name
+        entry = self._entries.get(short)
+        claims = self._claims.get(short, [])
+        if sep:
+            wanted = canonical_distribution(dist)
+            mine = [c for c in claims if canonical_distribution(c.distribution) == wanted]
+            if entry is not None and canonical_distribution(entry.distribution) == wanted:
+                return entry
+            if mine:
+                raise ContestedComponentError(self._contest_message(short, refused=mine[0]))
+            if entry is None:
+                raise KeyError(f"unknown {self.kind} {name!r}{suggest(short, self.names())}")
+            raise KeyError(
+                f"{self.kind} {short!r} does not come from distribution {dist!r} "
+                f"(it is registered by {entry.distribution!r}: write {entry.distribution}:{short})"
+            )
+        if entry is None:
+            if claims:  # every claimant failed to register: say so rather than "unknown"
+                raise ContestedComponentError(self._contest_message(short, refused=claims[0]))
+            raise KeyError(f"unknown {self.kind} {name!r}{suggest(name, self.names())}")
+        if len(claims) > 1:
+            raise ContestedComponentError(self._contest_message(short))
+        return entry
+
+    def _contest_message(self, name: str, refused: Claim | None = None) -> str:
+        entry = self._entries.get(name)
+        claims = self._claims.get(name, [])
+        who = " and ".join(f"distribution {c.distribution!r} (plugin {c.plugin!r}, {c.class_path})" for c in claims)
+        if refused is not None:
+            how = f"to use it anyway, write its class path '{refused.class_path}'"
+            if entry is not None:
+                how += f" or block plugin {entry.plugin!r} with RLPOST_BLOCK_PLUGINS={entry.plugin}"
+            return (
+                f"{self.kind} {name!r} of distribution {refused.distribution!r} was refused (claimed by {who}); {how}"
+            )
+        others = [c for c in claims if entry is None or c.class_path != entry.class_path]
+        choices = [f"'{entry.distribution}:{name}' for the registered one"] if entry is not None else []
+        choices += [f"the class path '{c.class_path}' for the one from {c.distribution!r}" for c in others]
+        block = ",".join(sorted({c.distribution for c in others}))
+        how = f"say which one you mean: write {' or '.join(choices)}"
+        if entry is not None:
+            how += f", or block the other plugin with RLPOST_BLOCK_PLUGINS={block}"
+        return f"{self.kind} name {name!r} is contested (claimed by {who}); {how}"
 
     def find_class(self, cls: type) -> RegistryEntry[C] | None:
         """Return the entry whose class is ``cls``, if registered."""
@@ -126,7 +226,14 @@ class Registry(Generic[C]):
         return [self._entries[n] for n in self.names()]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        """True when ``name`` (or qualified ``distribution:name``) names a registered class; contested names count."""
+        if not isinstance(name, str):
+            return False
+        dist, sep, short = name.rpartition(":")
+        if not sep:
+            return name in self._entries
+        entry = self._entries.get(short)
+        return entry is not None and canonical_distribution(entry.distribution) == canonical_distribution(dist)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -4,15 +4,23 @@ Remote rewards isolate conflicting reward stacks (ImageReward's old pins, HPS's 
 environment and let one GPU host score for several trainers (as the HTTP reward servers behind
 ``kvablack/ddpo-pytorch ddpo_pytorch/rewards.py@1958463`` do). The wire format is JSON + base64 PNG
 (:mod:`rlpost_rewards._wire`).
+
+The client trusts the server no more than the server trusts it: every HTTP request is bounded by a wall-clock
+deadline (a watchdog closes the socket, so a server that trickles bytes cannot hold the trainer), the response size
+is capped, and the answer must match a strict schema. Every failure is a :class:`RemoteRewardError` that carries
+the server's own message.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
+import os
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from typing import Any, ClassVar
 
 import torch
@@ -21,13 +29,31 @@ from torch import Tensor
 from rlpost.api import RewardSource
 
 from ._common import check_images, check_scores
-from ._wire import encode_images, jsonable_metadata
+from ._wire import WireLimits, encode_images, jsonable_metadata
 
-__all__ = ["RemoteReward", "RemoteRewardError"]
+__all__ = ["MAX_RESPONSE_BYTES", "RemoteReward", "RemoteRewardError"]
+
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # scores of a few thousand images are a few kB
 
 
 class RemoteRewardError(RuntimeError):
-    """The reward server could not be reached or answered with an error."""
+    """The reward server could not be reached, refused the request, or answered something that is not scores."""
+
+
+class _DeadlineExceeded(Exception):
+    pass
+
+
+def _server_message(data: bytes) -> str:
+    """The ``error`` of a JSON error body, else the start of the body as text."""
+    text = data.decode("utf-8", "replace")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return str(body["error"])[:2000]
+    return (text[:300] + ("..." if len(text) > 300 else "")) or "<empty body>"
 
 
 class RemoteReward(RewardSource):
@@ -35,11 +61,16 @@ class RemoteReward(RewardSource):
 
     Args:
         url: Base URL of the server, e.g. ``http://10.0.0.5:8765`` (``/health`` and ``/score`` are appended).
-        timeout_s: Per-request timeout in seconds.
-        retries: Extra attempts after a failed request (connection errors, timeouts, HTTP 5xx); HTTP 4xx is not
-            retried.
+        timeout_s: Wall-clock deadline of one HTTP request (connect, send, wait, receive): the call is cut when
+            it expires, however the server behaves. A ``score`` call takes at most about
+            ``(retries + 1) x timeout_s`` plus the back-off delays (per request when a batch is split).
+        retries: Extra attempts after a failed request (connection errors, timeouts, HTTP 5xx, 408, 429); other
+            HTTP 4xx answers are not retried.
         backoff_s: First back-off delay; doubles after each failed attempt.
         expect_reward: When set, ``setup`` checks the server serves this reward name.
+        token_env: Name of the environment variable holding the server's bearer token (sent as
+            ``Authorization: Bearer ...`` when the variable is set). The token itself never appears in a recipe or
+            in the run directory.
     """
 
     name: ClassVar[str] = "remote"
@@ -51,74 +82,218 @@ class RemoteReward(RewardSource):
         retries: int = 3,
         backoff_s: float = 0.5,
         expect_reward: str | None = None,
+        token_env: str | None = "RLPOST_REWARD_TOKEN",
     ) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"{self.name}: url must start with http:// or https://, got {url!r}")
-        if retries < 0 or timeout_s <= 0 or backoff_s < 0:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{self.name}: url must look like http://host:port or https://host, got {url!r}")
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError(f"{self.name}: url must not carry credentials, a query or a fragment, got {url!r}")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as err:
+            raise ValueError(f"{self.name}: bad port in url {url!r}: {err}") from None
+        if retries < 0 or not timeout_s > 0 or backoff_s < 0:
             raise ValueError(f"{self.name}: need retries >= 0, timeout_s > 0, backoff_s >= 0")
         self.url = url.rstrip("/")
+        self._parts = parts
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.expect_reward = expect_reward
+        self.token_env = token_env
         self.server_reward: str | None = None
+        self.server_limits: WireLimits | None = None
+
+    # ------------------------------------------------------------------------------------------------ transport
+    def _headers(self, has_body: bool) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if has_body:
+            headers["Content-Type"] = "application/json"
+        token = os.environ.get(self.token_env) if self.token_env else None
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _once(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+        """One HTTP exchange, cut after ``timeout_s`` of wall-clock time whatever the server does.
+
+        Socket timeouts bound each read, not the exchange (a server sending one byte per second never trips them);
+        a watchdog timer shuts the socket down at the deadline, which wakes any blocked call.
+        """
+        parts = self._parts
+        conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = conn_cls(parts.hostname or "", parts.port, timeout=self.timeout_s)
+        expired = threading.Event()
+
+        def abort() -> None:
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        watchdog = threading.Timer(self.timeout_s, abort)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            try:
+                conn.request(method, parts.path.rstrip("/") + path, body=body, headers=self._headers(body is not None))
+            except (BrokenPipeError, ConnectionResetError):
+                # The server answered and closed before reading the whole body (e.g. 413): read that answer.
+                if expired.is_set() or conn.sock is None:
+                    raise
+            response = conn.getresponse()
+            data = response.read(MAX_RESPONSE_BYTES + 1)
+            if len(data) > MAX_RESPONSE_BYTES:
+                raise RemoteRewardError(
+                    f"{self.name}: {self.url}{path} answered more than {MAX_RESPONSE_BYTES} bytes; not a reward server?"
+                )
+            return response.status, data
+        except (OSError, http.client.HTTPException) as err:
+            if expired.is_set():
+                raise _DeadlineExceeded from err
+            raise
+        finally:
+            watchdog.cancel()
+            conn.close()
 
     def _request(self, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
-        """GET (``payload is None``) or POST JSON to ``path`` with retries and exponential back-off."""
+        """GET (``payload is None``) or POST JSON to ``path`` with retries; return the JSON object answered.
+
+        Raises:
+            RemoteRewardError: On any failure, with the server's own message when it answered.
+        """
         url = f"{self.url}{path}"
-        data = None if payload is None else json.dumps(payload).encode("utf-8")
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        body = None if payload is None else json.dumps(payload).encode("utf-8")
+        method = "GET" if body is None else "POST"
         delay = self.backoff_s
         last = ""
+        answered = False  # did the last attempt get an HTTP answer (vs. no connection / no answer in time)?
         for attempt in range(self.retries + 1):
-            request = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - http(s) only
-                    body: dict[str, Any] = json.loads(response.read().decode("utf-8"))
-                    return body
-            except urllib.error.HTTPError as err:
-                message = err.read().decode("utf-8", "replace")
-                try:
-                    message = json.loads(message).get("error", message)
-                except (ValueError, AttributeError):
-                    pass
-                last = f"HTTP {err.code}: {message}"
-                if err.code < 500:
-                    raise RemoteRewardError(f"{self.name}: {url} rejected the request ({last})") from err
-            except (urllib.error.URLError, OSError, TimeoutError, ValueError) as err:
-                last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
+                status, data = self._once(method, path, body)
+            except _DeadlineExceeded:
+                last, answered = f"no complete answer within timeout_s={self.timeout_s}s", False
+            except (OSError, http.client.HTTPException) as err:
+                last, answered = f"{type(err).__name__}: {err}", False
+            else:
+                if status == 200:
+                    return self._json_object(url, data)
+                message = _server_message(data)
+                if status == 401:
+                    hint = (
+                        f"the environment variable {self.token_env} is not set"
+                        if not (self.token_env and os.environ.get(self.token_env))
+                        else f"check the token in {self.token_env}"
+                    )
+                    raise RemoteRewardError(f"{self.name}: {url} refused the token (HTTP 401: {message}); {hint}")
+                if 400 <= status < 500 and status not in (408, 429):
+                    raise RemoteRewardError(f"{self.name}: {url} rejected the request (HTTP {status}: {message})")
+                last, answered = f"HTTP {status}: {message}", True
             if attempt < self.retries:
                 time.sleep(delay)
                 delay *= 2
+        attempts = f"{self.retries + 1} attempt(s)"
+        if answered:
+            raise RemoteRewardError(f"{self.name}: reward server {url} failed after {attempts}: {last}")
         raise RemoteRewardError(
-            f"{self.name}: no answer from reward server {url} after {self.retries + 1} attempt(s) "
+            f"{self.name}: no answer from reward server {url} after {attempts} "
             f"(timeout {self.timeout_s}s; last error: {last}). Is it running? Start one with "
             "`python -m rlpost_rewards.server --reward <name> --host <host> --port <port>`."
         )
 
+    def _json_object(self, url: str, data: bytes) -> dict[str, Any]:
+        try:
+            body = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise RemoteRewardError(
+                f"{self.name}: {url} answered HTTP 200 with a body that is not JSON: {_server_message(data)!r}"
+            ) from None
+        if not isinstance(body, dict):
+            raise RemoteRewardError(f"{self.name}: {url} answered {type(body).__name__}, expected a JSON object")
+        return body
+
+    # ------------------------------------------------------------------------------------------------ reward API
     def setup(self, device: torch.device) -> None:
-        """Check the server answers ``/health`` (and serves ``expect_reward`` when set)."""
+        """Check the server answers ``/health`` (and serves ``expect_reward`` when set); read its limits."""
         health = self._request("/health", None)
-        if health.get("status") != "ok":
-            raise RemoteRewardError(f"{self.name}: {self.url}/health answered {health}")
-        self.server_reward = str(health.get("reward"))
+        reward = health.get("reward")
+        if health.get("status") != "ok" or not isinstance(reward, str):
+            raise RemoteRewardError(f"{self.name}: {self.url}/health answered {str(health)[:300]}")
+        self.server_reward = reward
         if self.expect_reward is not None and self.server_reward != self.expect_reward:
             raise RemoteRewardError(
                 f"{self.name}: {self.url} serves {self.server_reward!r}, expected {self.expect_reward!r}"
             )
+        limits = health.get("limits")
+        try:
+            self.server_limits = WireLimits(**limits) if isinstance(limits, dict) else None
+        except (TypeError, ValueError):
+            self.server_limits = None  # an older or foreign server: send whole batches
+
+    def _batches(self, encoded: list[str], pixels: int, prompts: list[str], metadata: list[Any]) -> list[slice]:
+        """Split one score call into requests that fit the server's limits (one request when they are unknown)."""
+        limits = self.server_limits
+        if limits is None:
+            return [slice(0, len(encoded))]
+        if pixels > limits.max_pixels:
+            raise RemoteRewardError(
+                f"{self.name}: images of {pixels} pixels exceed {self.url}'s limit of {limits.max_pixels} per image"
+            )
+        budget = int(limits.max_body_bytes * 0.9) - 1024  # JSON punctuation and headroom
+        out: list[slice] = []
+        start = size = 0
+        for i, item in enumerate(encoded):
+            cost = len(item) + len(json.dumps(prompts[i])) + len(json.dumps(metadata[i])) + 8
+            if cost > budget:
+                raise RemoteRewardError(
+                    f"{self.name}: one image is {cost} bytes encoded, over {self.url}'s body limit of "
+                    f"{limits.max_body_bytes} bytes"
+                )
+            count = i - start
+            if i > start and (
+                size + cost > budget or count + 1 > limits.max_images or (count + 1) * pixels > limits.max_total_pixels
+            ):
+                out.append(slice(start, i))
+                start, size = i, 0
+            size += cost
+        out.append(slice(start, len(encoded)))
+        return out
 
     def score(self, images: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
-        """POST the images (PNG) with prompts and metadata; return the server's scores, fp32 on CPU."""
+        """POST the images (PNG) with prompts and metadata; return the server's scores, fp32 on CPU.
+
+        Raises:
+            RemoteRewardError: On any transport failure, server error, or answer that is not one finite number
+                per image.
+        """
         check_images(self.name, images, prompts)
-        payload = {
-            "images": encode_images(images),
-            "prompts": list(prompts),
-            "metadata": jsonable_metadata(list(metadata) if metadata else [{} for _ in prompts]),
-        }
-        body = self._request("/score", payload)
-        scores = body.get("scores")
-        if not isinstance(scores, list) or len(scores) != images.shape[0]:
-            raise RemoteRewardError(f"{self.name}: expected {images.shape[0]} scores from {self.url}, got {scores!r}")
-        if not all(isinstance(s, (int, float)) and math.isfinite(s) for s in scores):
-            raise RemoteRewardError(f"{self.name}: non-finite or non-numeric scores from {self.url}: {scores}")
+        encoded = encode_images(images)
+        meta = jsonable_metadata(list(metadata) if metadata else [{} for _ in prompts])
+        pixels = int(images.shape[1] * images.shape[2])
+        scores: list[float] = []
+        for part in self._batches(encoded, pixels, list(prompts), meta):
+            payload = {"images": encoded[part], "prompts": list(prompts[part]), "metadata": meta[part]}
+            scores.extend(self._scores(self._request("/score", payload), len(encoded[part])))
         return check_scores(self.name, torch.tensor(scores, dtype=torch.float32))
+
+    def _scores(self, body: dict[str, Any], count: int) -> list[float]:
+        """The ``scores`` of a ``/score`` answer, checked: a list of ``count`` finite numbers (not booleans)."""
+        scores = body.get("scores")
+        where = f"{self.name}: {self.url}/score"
+        if not isinstance(scores, list):
+            raise RemoteRewardError(f"{where} answered no 'scores' list: {str(body)[:300]}")
+        if len(scores) != count:
+            raise RemoteRewardError(f"{where} answered {len(scores)} scores for {count} images")
+        bad = [s for s in scores if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s)]
+        if bad:
+            raise RemoteRewardError(f"{where} answered scores that are not finite numbers: {str(bad[:5])[:300]}")
+        reward = body.get("reward")
+        if self.server_reward is not None and reward is not None and reward != self.server_reward:
+            raise RemoteRewardError(
+                f"{where} scored with {str(reward)[:100]!r}, but /health said {self.server_reward!r}"
+            )
+        return [float(s) for s in scores]

@@ -3,22 +3,43 @@
 Example::
 
     python -m rlpost_rewards.server --reward jpeg-compressibility --host 127.0.0.1 --port 8765
-    python -m rlpost_rewards.server --reward hps-v2.1 --init '{"checkpoint": "/models/HPS_v2.1_compressed.pt"}' \\
-        --device cuda --host 0.0.0.0 --port 8765
+    RLPOST_REWARD_TOKEN=$(openssl rand -hex 32) python -m rlpost_rewards.server --reward hps-v2.1 \\
+        --init '{"checkpoint": "/models/HPS_v2.1_compressed.pt"}' --device cuda --host 0.0.0.0 --port 8765
     python -m rlpost_rewards.server --reward-class my_pkg.rewards:MyReward --port 8765
 
 Endpoints: ``GET /health`` and ``POST /score`` (JSON + base64 PNG, :mod:`rlpost_rewards._wire`; never pickle).
-Uses the standard library ``ThreadingHTTPServer``; requests are scored one at a time (a lock around ``score``)
-because reward models are not assumed thread safe. There is no authentication: bind to loopback or a private
-network only.
+
+Limits (every one answers with an HTTP status and a JSON ``{"error": ...}`` naming the limit; none closes the
+connection without an answer):
+
+* body size, image count, pixels per image and per request (:class:`~rlpost_rewards._wire.WireLimits`), checked
+  from the headers before any image is decompressed (413);
+* ``--timeout``: per-socket inactivity timeout *and* a deadline for receiving a whole body, so a stalled client
+  cannot hold a thread (408);
+* ``--max-connections`` open connections (503 beyond) and ``--max-concurrent`` requests decoded/scored at once,
+  which bounds memory to about ``max_concurrent x (3 x max_body_bytes + 6 x max_total_pixels)`` bytes; scoring
+  itself is serialised by a lock because reward models are not assumed thread safe;
+* optional bearer-token auth: when the environment variable named by ``--token-env`` (default
+  ``RLPOST_REWARD_TOKEN``) is set, every request needs ``Authorization: Bearer <token>`` (401 otherwise; compared
+  in constant time). The token is read from the environment, never from the command line, where other users of
+  the machine could read it. Without a token the server warns when it binds a non-loopback address.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import importlib
+import ipaddress
 import json
+import math
+import os
+import socket
+import sys
 import threading
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -26,11 +47,35 @@ import torch
 
 from rlpost.api import RewardSource
 
-from ._wire import decode_images
+from ._wire import ImageLimitError, WireLimits, decode_images
 
-__all__ = ["builtin_rewards", "make_server", "main"]
+__all__ = ["TOKEN_ENV", "RewardHTTPServer", "ServerLimits", "builtin_rewards", "make_server", "main"]
 
-MAX_BODY_BYTES = 512 * 1024 * 1024
+TOKEN_ENV = "RLPOST_REWARD_TOKEN"
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Resource limits of the reward server.
+
+    Attributes:
+        wire: Per-request size limits (body bytes, images, pixels).
+        timeout_s: Socket inactivity timeout, and the deadline for receiving one request body.
+        max_connections: Open connections served at once; more are answered 503 and closed.
+        max_concurrent: Requests read, decoded and scored at once; others wait up to ``timeout_s``, then get 503.
+        linger_s: After answering, how long the server keeps reading (and discarding) what the client still sends
+            before closing, so the client reads the answer instead of a connection reset.
+    """
+
+    wire: WireLimits = field(default_factory=WireLimits)
+    timeout_s: float = 60.0
+    max_connections: int = 16
+    max_concurrent: int = 2
+    linger_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (self.timeout_s > 0 and self.linger_s >= 0 and self.max_connections >= 1 and self.max_concurrent >= 1):
+            raise ValueError(f"need timeout_s > 0, linger_s >= 0, max_connections >= 1, max_concurrent >= 1: {self}")
 
 
 def builtin_rewards() -> dict[str, type[RewardSource]]:
@@ -42,65 +87,292 @@ def builtin_rewards() -> dict[str, type[RewardSource]]:
     return {cls.name: cls for cls in found}
 
 
-def make_server(reward: RewardSource, host: str = "127.0.0.1", port: int = 8765) -> ThreadingHTTPServer:
+def _json_response(status: int, body: dict[str, Any], extra: str = "") -> bytes:
+    data = json.dumps(body).encode("utf-8")
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n{extra}\r\n"
+    )
+    return head.encode("latin-1") + data
+
+
+class RewardHTTPServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` with a bounded number of connections and a lingering close.
+
+    Args:
+        address: ``(host, port)`` to bind.
+        handler: The request handler class.
+        limits: Resource limits.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], limits: ServerLimits) -> None:
+        self.limits = limits
+        self._connections = threading.BoundedSemaphore(limits.max_connections)
+        self.work_slots = threading.BoundedSemaphore(limits.max_concurrent)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Start a thread for the connection, or answer 503 at once when ``max_connections`` are open."""
+        if not self._connections.acquire(blocking=False):
+            busy = {"error": f"server busy: {self.limits.max_connections} connections open (--max-connections)"}
+            try:
+                request.settimeout(0.05)  # never block the accept loop: a short read of what already arrived
+                request.recv(65536)
+            except OSError:
+                pass
+            try:
+                request.settimeout(1.0)
+                request.sendall(_json_response(503, busy, "Retry-After: 1\r\n"))
+                request.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            self.close_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve one connection, then free its connection slot."""
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()
+
+    def shutdown_request(self, request: Any) -> None:
+        """Close after a short lingering read: closing a socket with unread input sends a reset, which can destroy
+        the answer (e.g. a 413 sent before the oversize body was read) before the client reads it."""
+        try:
+            request.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + self.limits.linger_s  # bounded by time only: reading costs no memory
+            while (remaining := deadline - time.monotonic()) > 0:
+                request.settimeout(remaining)
+                if not request.recv(1 << 20):
+                    break
+        except OSError:
+            pass
+        self.close_request(request)
+
+
+class _Refused(Exception):
+    """Answer the current request with ``status`` and ``message`` (and close if the body was not read)."""
+
+    def __init__(
+        self, status: int, message: str, close: bool = False, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.close, self.headers = status, message, close, headers
+
+
+def make_server(
+    reward: RewardSource,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    limits: ServerLimits | None = None,
+) -> RewardHTTPServer:
     """Build (but do not start) an HTTP server scoring with ``reward``, which must already be set up.
 
     Args:
         reward: A set-up reward source.
-        host: Interface to bind (``127.0.0.1`` by default; the server has no authentication).
+        host: Interface to bind (``127.0.0.1`` by default).
         port: TCP port (0 picks a free one; read it back from ``server.server_address``).
+        token: When set, every request must carry ``Authorization: Bearer <token>``.
+        limits: Resource limits (defaults: :class:`ServerLimits`).
 
     Returns:
         The server; call ``serve_forever()`` (e.g. in a thread) and ``shutdown()``/``server_close()`` to stop.
     """
-    lock = threading.Lock()
+    lim = limits or ServerLimits()
+    if token is not None and not token:
+        raise ValueError("token must be a non-empty string (or None for no authentication)")
+    expected = token.encode("utf-8") if token else None
+    score_lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        default_request_version = "HTTP/1.1"  # answer even a garbled request line with headers and JSON
+        server_version = "rlpost-reward-server"
+        timeout = lim.timeout_s  # StreamRequestHandler applies it to the socket: idle or stalled clients drop
+        server: RewardHTTPServer
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
             """Silence per-request logging."""
 
-        def _send(self, status: int, body: dict[str, Any]) -> None:
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """The stdlib's own errors (malformed request line, header too long, unsupported method) as JSON."""
+            self.close_connection = True
+            self._send(code, {"error": message or HTTPStatus(code).phrase})
+
+        def _send(self, status: int, body: dict[str, Any], headers: tuple[tuple[str, str], ...] = ()) -> None:
             data = json.dumps(body).encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in headers:
+                    self.send_header(key, value)
+                if self.close_connection:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(data)
+                self.wfile.flush()
+            except OSError:  # the client is gone; nobody to answer
+                self.close_connection = True
+
+        def _check_token(self) -> None:
+            if expected is None:
+                return
+            scheme, _, value = self.headers.get("Authorization", "").partition(" ")
+            if not (scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode("utf-8"), expected)):
+                raise _Refused(
+                    401,
+                    "missing or wrong bearer token: this server requires 'Authorization: Bearer <token>' "
+                    f"(the client reads it from the environment variable named by token_env, default {TOKEN_ENV})",
+                    close=True,
+                    headers=(("WWW-Authenticate", 'Bearer realm="rlpost-reward-server"'),),
+                )
+
+        def _handle(self, action: Any) -> None:
+            try:
+                action()
+            except _Refused as refusal:
+                if refusal.close:
+                    self.close_connection = True
+                self._send(refusal.status, {"error": refusal.message}, refusal.headers)
+            except Exception as err:  # noqa: BLE001 - every failure gets an answer
+                self.close_connection = True
+                self._send(500, {"error": f"internal error: {type(err).__name__}: {err}"})
 
         def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-            if self.path == "/health":
-                self._send(200, {"status": "ok", "reward": reward.name})
-            else:
-                self._send(404, {"error": f"unknown path {self.path}"})
+            self._handle(self._get)
 
         def do_POST(self) -> None:  # noqa: N802 - stdlib naming
-            if self.path != "/score":
-                self._send(404, {"error": f"unknown path {self.path}"})
-                return
-            length = int(self.headers.get("Content-Length", "0"))
-            if length <= 0 or length > MAX_BODY_BYTES:
-                self._send(413 if length > 0 else 400, {"error": f"bad Content-Length {length}"})
-                return
-            try:
-                request = json.loads(self.rfile.read(length).decode("utf-8"))
-                images = decode_images(list(request["images"]))
-                prompts = [str(p) for p in request["prompts"]]
-                metadata = request.get("metadata") or [{} for _ in prompts]
-                if len(prompts) != images.shape[0] or len(metadata) != len(prompts):
-                    raise ValueError(f"{images.shape[0]} images, {len(prompts)} prompts, {len(metadata)} metadata")
-            except (KeyError, TypeError, ValueError, OSError) as err:
-                self._send(400, {"error": f"bad request: {type(err).__name__}: {err}"})
-                return
-            try:
-                with lock:
-                    scores = reward.score(images, prompts, metadata)
-                self._send(200, {"scores": [float(s) for s in scores.float().cpu().tolist()], "reward": reward.name})
-            except Exception as err:  # noqa: BLE001 - report any scoring failure to the client as a 500
-                self._send(500, {"error": f"{type(err).__name__}: {err}"})
+            self._handle(self._post)
 
-    return ThreadingHTTPServer((host, port), Handler)
+        def _get(self) -> None:
+            self._check_token()
+            if self.path != "/health":
+                raise _Refused(404, f"unknown path {self.path[:200]!r}; endpoints: GET /health, POST /score")
+            self._send(200, {"status": "ok", "reward": reward.name, "limits": lim.wire.to_json()})
+
+        def _post(self) -> None:
+            self._check_token()
+            if self.path != "/score":
+                raise _Refused(404, f"unknown path {self.path[:200]!r}; endpoints: GET /health, POST /score", True)
+            length = self._content_length()
+            if not self.server.work_slots.acquire(timeout=lim.timeout_s):
+                raise _Refused(
+                    503,
+                    f"server busy: {lim.max_concurrent} requests in progress for {lim.timeout_s}s (--max-concurrent)",
+                    close=True,
+                    headers=(("Retry-After", "1"),),
+                )
+            try:
+                images, prompts, metadata = self._parse(self._read_body(length))
+                try:
+                    with score_lock:
+                        scores = _checked_scores(reward.score(images, prompts, metadata), len(prompts))
+                except Exception as err:  # noqa: BLE001 - a scoring failure is the server's 500, with its message
+                    raise _Refused(500, f"scoring failed: {type(err).__name__}: {err}") from None
+            finally:
+                self.server.work_slots.release()
+            self._send(200, {"scores": scores, "reward": reward.name})
+
+        def _content_length(self) -> int:
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                raise _Refused(411, "chunked request bodies are not supported: send a Content-Length", True)
+            raw = self.headers.get("Content-Length")
+            if raw is None:
+                raise _Refused(411, "a Content-Length header is required", True)
+            try:
+                length = int(raw.strip())
+            except ValueError:
+                raise _Refused(400, f"bad Content-Length {raw[:40]!r}: expected a number of bytes", True) from None
+            if length <= 0:
+                raise _Refused(400, f"bad Content-Length {length}: the body must hold a JSON object", True)
+            if length > lim.wire.max_body_bytes:
+                raise _Refused(
+                    413,
+                    f"body of {length} bytes is over the server's limit of {lim.wire.max_body_bytes} bytes "
+                    "(send fewer or smaller images per request)",
+                    True,
+                )
+            return length
+
+        def _read_body(self, length: int) -> bytes:
+            """Read exactly ``length`` bytes within ``timeout_s`` in total (not per packet: a client trickling one
+            byte at a time must not hold the connection)."""
+            deadline = time.monotonic() + lim.timeout_s
+            chunks: list[bytes] = []
+            got = 0
+            try:
+                while got < length:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError
+                    self.connection.settimeout(remaining)
+                    chunk = self.rfile.read1(min(1 << 20, length - got))
+                    if not chunk:
+                        self.close_connection = True
+                        raise _Refused(400, f"body ended after {got} of {length} bytes", True)
+                    chunks.append(chunk)
+                    got += len(chunk)
+            except TimeoutError:
+                raise _Refused(
+                    408, f"request body not received within {lim.timeout_s}s ({got} of {length} bytes)", True
+                ) from None
+            finally:
+                self.connection.settimeout(lim.timeout_s)
+            return b"".join(chunks)
+
+        def _parse(self, body: bytes) -> tuple[torch.Tensor, list[str], list[dict[str, Any]]]:
+            try:
+                request = json.loads(body.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as err:
+                raise _Refused(400, f"body is not JSON: {err}") from None
+            if not isinstance(request, dict):
+                raise _Refused(400, f"body must be a JSON object with images and prompts, got {type(request).__name__}")
+            for key in ("images", "prompts"):
+                if not isinstance(request.get(key), list):
+                    raise _Refused(400, f"{key}: expected a list, got {type(request.get(key)).__name__}")
+            prompts = request["prompts"]
+            if not all(isinstance(p, str) for p in prompts):
+                raise _Refused(400, "prompts: expected a list of strings")
+            metadata = request.get("metadata")
+            if metadata is None:
+                metadata = [{} for _ in prompts]
+            if not isinstance(metadata, list) or not all(isinstance(m, dict) for m in metadata):
+                raise _Refused(400, "metadata: expected a list of JSON objects (one per image)")
+            if not (len(request["images"]) == len(prompts) == len(metadata)):
+                raise _Refused(
+                    400, f"{len(request['images'])} images, {len(prompts)} prompts, {len(metadata)} metadata entries"
+                )
+            try:
+                images = decode_images(request["images"], lim.wire)
+            except ImageLimitError as err:
+                raise _Refused(413, str(err)) from None
+            except ValueError as err:
+                raise _Refused(400, str(err)) from None
+            return images, prompts, metadata
+
+    return RewardHTTPServer((host, port), Handler, lim)
+
+
+def _checked_scores(scores: Any, count: int) -> list[float]:
+    """The reward's output as a list of ``count`` finite floats (a broken reward is the server's 500, not NaN JSON)."""
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(f"reward returned {type(scores).__name__}, expected a tensor")
+    values = [float(s) for s in scores.detach().float().reshape(-1).cpu().tolist()]
+    if len(values) != count:
+        raise ValueError(f"reward returned {len(values)} scores for {count} images")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"reward returned non-finite scores {values[:8]}")
+    return values
 
 
 def _load_class(spec: str) -> type[RewardSource]:
@@ -111,8 +383,18 @@ def _load_class(spec: str) -> type[RewardSource]:
     return cls
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry: build the reward, call ``setup`` once, serve until interrupted."""
+    defaults, wire = ServerLimits(), WireLimits()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--reward", help=f"built-in reward name: {', '.join(sorted(builtin_rewards()))}")
@@ -121,7 +403,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--token-env", default=TOKEN_ENV, help="environment variable holding the bearer token")
+    parser.add_argument("--max-body-mb", type=float, default=wire.max_body_bytes / 2**20)
+    parser.add_argument("--max-images", type=int, default=wire.max_images, help="images per request")
+    parser.add_argument("--max-pixels", type=int, default=wire.max_pixels, help="pixels per image")
+    parser.add_argument("--max-total-pixels", type=int, default=wire.max_total_pixels, help="pixels per request")
+    parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="socket and body timeout (s)")
+    parser.add_argument("--max-connections", type=int, default=defaults.max_connections)
+    parser.add_argument("--max-concurrent", type=int, default=defaults.max_concurrent)
     args = parser.parse_args(argv)
+    try:
+        init = json.loads(args.init)
+        if not isinstance(init, dict):
+            raise ValueError(f"expected a JSON object, got {type(init).__name__}")
+        limits = ServerLimits(
+            wire=WireLimits(
+                max_body_bytes=int(args.max_body_mb * 2**20),
+                max_images=args.max_images,
+                max_pixels=args.max_pixels,
+                max_total_pixels=args.max_total_pixels,
+            ),
+            timeout_s=args.timeout,
+            max_connections=args.max_connections,
+            max_concurrent=args.max_concurrent,
+        )
+    except ValueError as err:
+        parser.error(str(err))
     if args.reward:
         table = builtin_rewards()
         if args.reward not in table:
@@ -129,12 +436,20 @@ def main(argv: list[str] | None = None) -> None:
         cls = table[args.reward]
     else:
         cls = _load_class(args.reward_class)
-    reward = cls(**json.loads(args.init))
+    token = os.environ.get(args.token_env) or None
+    if token is None and not _is_loopback(args.host):
+        print(
+            f"warning: serving on {args.host} without authentication: anyone who can reach it can use it. Set "
+            f"{args.token_env} (here and in the trainer's environment) to require a bearer token.",
+            file=sys.stderr,
+        )
+    reward = cls(**init)
     reward.setup(torch.device(args.device))
-    server = make_server(reward, args.host, args.port)
+    server = make_server(reward, args.host, args.port, token=token, limits=limits)
     host, port = server.server_address[:2]
-    host = host.decode() if isinstance(host, bytes) else host  # AF_INET gives str; the stub also allows bytes
-    print(f"serving reward {reward.name!r} on http://{host}:{port} (GET /health, POST /score)", flush=True)
+    host = host.decode() if isinstance(host, bytes) else host
+    auth = "bearer token required" if token else "no authentication"
+    print(f"serving reward {reward.name!r} on http://{host}:{port} (GET /health, POST /score; {auth})", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -1,5 +1,6 @@
 """Plugin loading: first-party plugins through entry points, a real external package installed from
-tests/fixtures/plugins, a broken plugin, allow/block lists, duplicate names and tracing."""
+tests/fixtures/plugins, a broken plugin, allow/block lists, duplicate names, hostile plugins that try to take a
+built-in's name (whatever the load order or hook ordering), and tracing."""
 
 from __future__ import annotations
 
@@ -13,9 +14,18 @@ from pathlib import Path
 import pytest
 
 from rlpost.plugins import PluginHost
+from rlpost.registry import ContestedComponentError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "plugins"
 FIRST_PARTY = {"rewards", "treegrpo", "dancegrpo", "mixgrpo", "ddpo"}
+HOSTILE_MODULES = (
+    "rlpost_plugin_ok",
+    "rlpost_plugin_broken",
+    "rlpost_plugin_dupe",
+    "rlpost_plugin_impostor",
+    "rlpost_plugin_shadow",
+    "rlpost_plugin_twin",
+)
 
 
 def _pip_install(package: str | Path, target: Path, workdir: Path) -> None:
@@ -66,7 +76,7 @@ def third_party(monkeypatch, site):
     monkeypatch.delenv("RLPOST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
     monkeypatch.delenv("RLPOST_LOAD_PLUGINS", raising=False)
     monkeypatch.delenv("RLPOST_BLOCK_PLUGINS", raising=False)
-    for mod in ("rlpost_plugin_ok", "rlpost_plugin_broken", "rlpost_plugin_dupe"):
+    for mod in HOSTILE_MODULES:
         monkeypatch.delitem(sys.modules, mod, raising=False)
     return site
 
@@ -140,6 +150,148 @@ def test_duplicate_component_name_names_both_distributions(third_party, dupe_sit
     failed = infos["ok"] if infos["ok"].status == "error" else infos["dupe"]
     assert "rlpost-plugin-ok" in failed.error and "rlpost-plugin-dupe" in failed.error
     assert "'greenness' is registered twice" in failed.error
+
+
+def test_duplicate_component_name_is_refused_in_a_recipe_until_qualified(third_party, dupe_site, monkeypatch):
+    """Neither third-party 'greenness' is picked silently: the recipe must say which (or block one)."""
+    monkeypatch.syspath_prepend(str(dupe_site))
+    host = PluginHost()
+    with pytest.raises(
+        ContestedComponentError, match=r"'greenness' is contested.*rlpost-plugin-dupe.*rlpost-plugin-ok"
+    ):
+        host.registry("reward").get("greenness")
+    assert host.registry("reward").get("rlpost-plugin-dupe:greenness").distribution == "rlpost-plugin-dupe"
+    monkeypatch.setenv("RLPOST_BLOCK_PLUGINS", "rlpost-plugin-dupe")
+    assert PluginHost().registry("reward").get("greenness").distribution == "rlpost-plugin-ok"
+
+
+# ------------------------------------------------------------------------------------------- hostile plugins
+
+
+@pytest.fixture(scope="module")
+def hostile_site(tmp_path_factory) -> Path:
+    """rlpost-plugin-impostor (claims 'jpeg-compressibility' with trylast) and rlpost-plugin-shadow (entry point
+    named 'rewards', like the first-party one, with a tryfirst hook)."""
+    target = tmp_path_factory.mktemp("hostile-site")
+    work = tmp_path_factory.mktemp("build-hostile")
+    _pip_install("rlpost-plugin-impostor", target, work)
+    _pip_install("rlpost-plugin-shadow", target, work)
+    return target
+
+
+@pytest.fixture(scope="module")
+def twin_site(tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("twin-site")
+    _pip_install("rlpost-plugin-twin", target, tmp_path_factory.mktemp("build-twin"))
+    return target
+
+
+def _on_path(monkeypatch, site: Path, first: bool) -> None:
+    """Put ``site`` first or last on sys.path: importlib.metadata lists distributions in sys.path order."""
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path] if first else [*sys.path, str(site)])
+
+
+@pytest.mark.parametrize("hostile_first", [True, False], ids=["hostile-first-on-path", "hostile-last-on-path"])
+def test_impostor_never_replaces_a_builtin_reward(third_party, hostile_site, monkeypatch, hostile_first):
+    _on_path(monkeypatch, hostile_site, hostile_first)
+    host = PluginHost()
+    infos = _by_name(host)
+    rewards = infos["rewards"]
+    assert (rewards.status, rewards.distribution) == ("ok", "rlpost"), rewards.error
+    assert "reward:jpeg-compressibility" in rewards.components
+    impostor = infos["impostor"]
+    assert impostor.status == "error"
+    assert "'jpeg-compressibility' is registered twice" in impostor.error
+    assert "distribution 'rlpost')" in impostor.error and "rlpost-plugin-impostor" in impostor.error
+    # The refused plugin is inert: none of its components, none of its hooks.
+    assert impostor.components == []
+    assert "impostor-harmless" not in host.registry("reward")
+    assert host.pm.get_plugin("impostor") is None
+    assert all(i.plugin_name != "impostor" for i in host.hook.rlpost_after_step.get_hookimpls())
+    entry = host.registry("reward").get("rlpost:jpeg-compressibility")
+    assert (entry.distribution, entry.class_path) == ("rlpost", "rlpost_rewards.jpeg.JpegCompressibility")
+
+
+@pytest.mark.parametrize("hostile_first", [True, False], ids=["hostile-first-on-path", "hostile-last-on-path"])
+def test_entry_point_named_like_a_first_party_one_does_not_disable_it(
+    third_party, hostile_site, monkeypatch, hostile_first
+):
+    _on_path(monkeypatch, hostile_site, hostile_first)
+    host = PluginHost()
+    infos = _by_name(host)
+    assert infos["rewards"].status == "ok" and infos["rewards"].distribution == "rlpost"
+    assert len(infos["rewards"].components) >= 8
+    shadow = infos["rlpost-plugin-shadow:rewards"]
+    assert shadow.status == "error"
+    assert "'rewards'" in shadow.error and "'rlpost-plugin-shadow'" in shadow.error and "'rlpost'" in shadow.error
+    assert "rlpost_plugin_shadow" not in sys.modules  # refused before import: its code never ran
+    assert "shadow-reward" not in host.registry("reward")
+
+
+def test_blocking_a_first_party_plugin_does_not_hand_its_name_over(third_party, hostile_site, monkeypatch):
+    monkeypatch.syspath_prepend(str(hostile_site))
+    monkeypatch.setenv("RLPOST_BLOCK_PLUGINS", "rlpost:rewards")  # plain "rewards" would block both
+    host = PluginHost()
+    infos = _by_name(host)
+    assert infos["rewards"].status == "blocked"
+    assert infos["rlpost-plugin-shadow:rewards"].status == "error"
+    assert "shadow-reward" not in host.registry("reward")
+
+
+@pytest.mark.parametrize("twin_first", [True, False], ids=["twin-first-on-path", "twin-last-on-path"])
+def test_two_third_party_entry_points_with_one_name_are_both_refused(third_party, twin_site, monkeypatch, twin_first):
+    _on_path(monkeypatch, twin_site, twin_first)
+    host = PluginHost()
+    infos = _by_name(host)
+    assert "ok" not in infos
+    for key in ("rlpost-plugin-ok:ok", "rlpost-plugin-twin:ok"):
+        assert infos[key].status == "error"
+        assert "'rlpost-plugin-ok' and 'rlpost-plugin-twin'" in infos[key].error
+    assert "greenness" not in host.registry("reward") and "twin-reward" not in host.registry("reward")
+    # Blocking one (by qualified name) lets the other load under its plain name.
+    monkeypatch.setenv("RLPOST_BLOCK_PLUGINS", "rlpost-plugin-twin:ok")
+    infos = _by_name(PluginHost())
+    assert infos["ok"].status == "ok" and infos["ok"].distribution == "rlpost-plugin-ok"
+
+
+def test_recipe_naming_a_contested_reward_is_refused_before_anything_loads(
+    third_party, hostile_site, tmp_path, monkeypatch
+):
+    """The issue's attack: with the impostor installed, a recipe naming 'jpeg-compressibility' is refused (exit 2,
+    both distributions and the way out named, nothing written); 'rlpost:jpeg-compressibility' trains with the
+    built-in."""
+    from rlpost.recipe import RecipeError, validate
+    from rlpost.runner import Runner
+    from tests import toy_components
+    from tests.toy_components import toy_recipe
+
+    monkeypatch.syspath_prepend(str(hostile_site))
+    host = PluginHost(extra_plugins=(toy_components,))
+    cfg = toy_recipe(str(tmp_path / "run"), max_steps=1)
+    cfg["rewards"] = ["jpeg-compressibility"]
+    with pytest.raises(RecipeError) as err:
+        validate(cfg, host)
+    text = str(err.value)
+    assert "rewards[0].class_path: reward name 'jpeg-compressibility' is contested" in text
+    for needle in ("'rlpost'", "'rlpost-plugin-impostor'", "rlpost:jpeg-compressibility", "RLPOST_BLOCK_PLUGINS"):
+        assert needle in text
+    cfg["rewards"] = ["rlpost:jpeg-compressibility"]
+    history = Runner(validate(cfg, host), host).run()
+    assert history[0]["reward/jpeg-compressibility"] < 1000.0  # the impostor scores 1000
+
+
+def test_cli_refuses_a_contested_reward_with_exit_2(hostile_site, tmp_path):
+    recipes = Path(__file__).resolve().parents[1] / "fixtures" / "recipes"
+    out = tmp_path / "run"
+    args = ["validate", "--recipe", str(recipes / "valid.yaml"), "--run.output_dir", str(out)]
+    proc = _cli([*args, "--rewards", "[jpeg-compressibility]"], hostile_site)
+    assert proc.returncode == 2, proc.stderr
+    assert "contested" in proc.stderr and "rlpost-plugin-impostor" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+    proc = _cli([*args, "--rewards", "[rlpost:jpeg-compressibility]"], hostile_site)
+    assert proc.returncode == 0, proc.stderr
+    proc = _cli([*args, "--rewards", "[jpeg-compressibility]"], hostile_site, RLPOST_BLOCK_PLUGINS="impostor")
+    assert proc.returncode == 0, proc.stderr
 
 
 def _cli(args: list[str], site: Path, **env: str) -> subprocess.CompletedProcess[str]:

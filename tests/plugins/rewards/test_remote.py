@@ -1,20 +1,26 @@
-"""Remote reward: a local server on 127.0.0.1 (random free port) in a thread, JSON + base64 PNG round trips."""
+"""Remote reward: a local server on 127.0.0.1 (random free port) in a thread, JSON + base64 PNG round trips; the
+client's deadline, error messages and strict answer schema against servers that misbehave."""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
 
+from rlpost_rewards import remote as remote_module
+from rlpost_rewards._wire import WireLimits
 from rlpost_rewards.jpeg import JpegIncompressibility
 from rlpost_rewards.remote import RemoteReward, RemoteRewardError
-from rlpost_rewards.server import builtin_rewards, make_server
+from rlpost_rewards.server import ServerLimits, builtin_rewards, make_server
 from rlpost_rewards.threaded import ThreadedScorer
 
 from .conftest import PROMPTS, make_images
@@ -37,8 +43,8 @@ class _Broken(JpegIncompressibility):
         raise RuntimeError("model exploded")
 
 
-def _serve(reward) -> Iterator[str]:  # noqa: ANN001
-    server = make_server(reward, "127.0.0.1", 0)
+def _serve(reward, **kwargs) -> Iterator[str]:  # noqa: ANN001
+    server = make_server(reward, "127.0.0.1", 0, **kwargs)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -68,7 +74,9 @@ def test_round_trip_matches_local(echo_url: str) -> None:
 
 def test_health_and_wrong_reward(echo_url: str) -> None:
     with urllib.request.urlopen(f"{echo_url}/health", timeout=5) as response:
-        assert json.loads(response.read()) == {"status": "ok", "reward": "echo-meta"}
+        health = json.loads(response.read())
+    assert (health["status"], health["reward"]) == ("ok", "echo-meta")
+    assert health["limits"] == WireLimits().to_json()
     with pytest.raises(RemoteRewardError, match="expected 'hps-v2.1'"):
         RemoteReward(url=echo_url, expect_reward="hps-v2.1").setup(torch.device("cpu"))
 
@@ -77,8 +85,11 @@ def test_server_errors_are_reported() -> None:
     for url in _serve(_Broken()):
         remote = RemoteReward(url=url, timeout_s=5, retries=1, backoff_s=0.01)
         remote.setup(torch.device("cpu"))
-        with pytest.raises(RemoteRewardError, match="model exploded"):
+        with pytest.raises(RemoteRewardError) as err:
             remote.score(make_images(1), ["x"], [{}])
+        # The server's own message, and no "is it running?" after it clearly answered.
+        assert "HTTP 500: scoring failed: RuntimeError: model exploded" in str(err.value)
+        assert "Is it running" not in str(err.value)
         request = urllib.request.Request(f"{url}/score", data=b'{"images": ["not png"]}', method="POST")
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(request, timeout=5)
@@ -121,3 +132,172 @@ def test_builtin_table_and_registration() -> None:
     for name, cls in table.items():
         assert name == name.lower() and " " not in name and "_" not in name
         assert cls.kind == "reward" and "Args:" in (cls.__doc__ or "")
+
+
+# ------------------------------------------------------------------------------------------- hostile servers
+
+
+class _Canned(BaseHTTPRequestHandler):
+    """Answers every request with the class's ``status`` and ``body`` (set per test through a subclass)."""
+
+    protocol_version = "HTTP/1.1"
+    status = 200
+    body = b"{}"
+
+    def log_message(self, format, *args):  # noqa: A002, ANN001, ANN002, ANN201
+        pass
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    do_GET = do_POST = _answer  # noqa: N815
+
+
+@contextmanager
+def _canned(status: int, body: bytes) -> Iterator[str]:
+    handler = type("Handler", (_Canned,), {"status": status, "body": body})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"[1.0]", "answered list, expected a JSON object"),
+        (b"not json", "not JSON"),
+        (b'{"scores": [true, false]}', "not finite numbers: [True, False]"),
+        (b'{"scores": ["1", "2"]}', "not finite numbers"),
+        (b'{"scores": [NaN, 1.0]}', "not finite numbers"),
+        (b'{"scores": [1.0]}', "answered 1 scores for 2 images"),
+        (b'{"scores": {"a": 1}}', "no 'scores' list"),
+        (b'{"result": [1, 2]}', "no 'scores' list"),
+    ],
+    ids=["list", "not-json", "booleans", "strings", "nan", "count", "mapping", "missing"],
+)
+def test_answers_off_schema_are_remote_reward_errors(body, message):
+    with _canned(200, body) as url:
+        remote = RemoteReward(url=url, timeout_s=5, retries=0)
+        with pytest.raises(RemoteRewardError, match=re.escape(message)):
+            remote.score(make_images(2, size=8), ["a", "b"], [{}, {}])
+
+
+def test_health_answers_off_schema_are_remote_reward_errors():
+    for body in (b"[]", b'{"status": "ok"}', b'{"status": "down", "reward": "x"}'):
+        with _canned(200, body) as url, pytest.raises(RemoteRewardError):
+            RemoteReward(url=url, timeout_s=5, retries=0).setup(torch.device("cpu"))
+
+
+def test_non_json_error_pages_are_quoted():
+    with _canned(502, b"<html>Bad Gateway from the proxy</html>") as url:
+        remote = RemoteReward(url=url, timeout_s=5, retries=1, backoff_s=0.01)
+        with pytest.raises(RemoteRewardError, match=r"failed after 2 attempt\(s\): HTTP 502: <html>Bad Gateway"):
+            remote.score(make_images(1, size=8), ["a"], [{}])
+
+
+def test_oversize_answer_is_refused(monkeypatch):
+    monkeypatch.setattr(remote_module, "MAX_RESPONSE_BYTES", 1000)
+    with _canned(200, b'{"scores": [' + b"1.0, " * 1000 + b"1.0]}") as url:
+        with pytest.raises(RemoteRewardError, match="answered more than 1000 bytes"):
+            RemoteReward(url=url, timeout_s=5, retries=0).score(make_images(1, size=8), ["a"], [{}])
+
+
+def _trickling_server(stop: threading.Event) -> tuple[socket.socket, threading.Thread]:
+    """Accepts connections and sends a valid-looking answer one byte every 0.2 s, forever."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+
+    def run() -> None:
+        answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n" + b" " * 100000
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                for byte in answer:
+                    if stop.is_set():
+                        break
+                    try:
+                        conn.sendall(bytes([byte]))
+                    except OSError:
+                        break
+                    time.sleep(0.2)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def test_deadline_bounds_a_call_against_a_trickling_server():
+    """Socket timeouts never trip on a server that sends a byte every 0.2 s; the per-request deadline must."""
+    stop = threading.Event()
+    listener, thread = _trickling_server(stop)
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        remote = RemoteReward(url=url, timeout_s=1.0, retries=1, backoff_s=0.05)
+        start = time.monotonic()
+        with pytest.raises(RemoteRewardError, match=r"no complete answer within timeout_s=1.0s"):
+            remote.setup(torch.device("cpu"))
+        assert time.monotonic() - start < 6  # 2 attempts x 1 s + back-off, with room for a loaded machine
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def test_server_limits_come_back_as_their_message():
+    """A server that refuses the request says why, and the client passes that on (and does not retry a 413)."""
+    limits = ServerLimits(wire=WireLimits(max_pixels=100))
+    for url in _serve(_EchoMeta(), limits=limits):
+        remote = RemoteReward(url=url, timeout_s=5, retries=3, backoff_s=0.01)
+        with pytest.raises(RemoteRewardError, match=r"HTTP 413: images\[0\] is 16x16 = 256 pixels; the server's limit"):
+            remote.score(make_images(1, size=16), ["x"], [{}])  # setup not called: limits unknown to the client
+        remote.setup(torch.device("cpu"))  # now it knows them and refuses before sending
+        with pytest.raises(RemoteRewardError, match="exceed .* limit of 100 per image"):
+            remote.score(make_images(1, size=16), ["x"], [{}])
+
+
+def test_batches_are_split_to_fit_the_server():
+    limits = ServerLimits(wire=WireLimits(max_images=3))
+    for url in _serve(_EchoMeta(), limits=limits):
+        remote = RemoteReward(url=url, timeout_s=10)
+        remote.setup(torch.device("cpu"))
+        images = make_images(8, size=32)
+        meta = [{"bonus": i} for i in range(8)]
+        got = remote.score(images, PROMPTS, meta)
+        expected = JpegIncompressibility().score(images, PROMPTS, meta) + torch.arange(8).float()
+        torch.testing.assert_close(got, expected)
+
+
+def test_bearer_token_from_the_environment(monkeypatch):
+    monkeypatch.delenv("RLPOST_REWARD_TOKEN", raising=False)
+    for url in _serve(_EchoMeta(), token="t0ken"):
+        remote = RemoteReward(url=url, timeout_s=5, retries=2, backoff_s=0.01)
+        with pytest.raises(RemoteRewardError, match="HTTP 401.*RLPOST_REWARD_TOKEN is not set"):
+            remote.setup(torch.device("cpu"))
+        monkeypatch.setenv("RLPOST_REWARD_TOKEN", "wrong")
+        with pytest.raises(RemoteRewardError, match="check the token in RLPOST_REWARD_TOKEN"):
+            remote.setup(torch.device("cpu"))
+        monkeypatch.setenv("RLPOST_REWARD_TOKEN", "t0ken")
+        remote.setup(torch.device("cpu"))
+        assert remote.score(make_images(2, size=8), ["a", "b"], [{}, {}]).shape == (2,)
+
+
+@pytest.mark.parametrize("url", ["ftp://x", "http://", "http://user:pw@host", "http://h:99999", "http://h/?q=1"])
+def test_bad_urls_are_refused_at_construction(url):
+    with pytest.raises(ValueError, match="url"):
+        RemoteReward(url=url)

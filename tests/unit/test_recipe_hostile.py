@@ -1,0 +1,171 @@
+"""Hostile recipes: alias bombs, deep nesting, duplicate keys, Python tags, huge values, oversize or non-text files.
+
+Every case must end like any other bad recipe: exit code 2, a message naming the file (or field) and the limit,
+no traceback, a bounded message, quickly, and nothing written (``train`` included). The fixtures in
+tests/fixtures/recipes/hostile are overlays on valid.yaml, each with ``# expect:`` lines; cases that would make the
+repository heavy or binary are generated here.
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlpost import cli
+from rlpost.models.sd3 import SD3Policy
+from rlpost.plugins import reset_host
+from rlpost.recipe import MAX_PROBLEM_CHARS, RecipeError, merge_sources
+from rlpost.yaml_limits import MAX_BYTES, MAX_DEPTH, MAX_NODES, YamlLimitError, load_yaml, short_repr
+
+RECIPES = Path(__file__).resolve().parents[1] / "fixtures" / "recipes"
+HOSTILE = sorted((RECIPES / "hostile").glob("*.yaml"))
+# Wall-clock bound per case on a loaded 2-core machine; before the limits, the bombs ran for minutes.
+SECONDS = 30.0
+
+
+def _expectations(path: Path) -> list[str]:
+    text = path.read_text(errors="replace")
+    return [ln.split("expect:", 1)[1].strip() for ln in text.splitlines() if ln.startswith("# expect:")]
+
+
+@pytest.fixture(autouse=True)
+def no_model_loading(monkeypatch):
+    def forbidden(self, device):
+        raise AssertionError("a hostile recipe must be refused before any model loads")
+
+    monkeypatch.setattr(SD3Policy, "setup", forbidden)
+    reset_host(None)
+    yield
+    reset_host(None)
+
+
+def _refused(capsys, recipe: Path, out: Path, command: str = "validate") -> str:
+    """Run the CLI on valid.yaml + ``recipe``; check exit 2, bounded output, speed, nothing written."""
+    start = time.monotonic()
+    rc = cli.main(
+        [command, "--recipe", str(RECIPES / "valid.yaml"), "--recipe", str(recipe), "--run.output_dir", str(out)]
+    )
+    elapsed = time.monotonic() - start
+    captured = capsys.readouterr()
+    assert rc == 2, captured.err[:2000]
+    assert elapsed < SECONDS, f"{recipe.name}: {elapsed:.1f}s"
+    assert len(captured.err) < 4 * MAX_PROBLEM_CHARS, f"{recipe.name}: {len(captured.err)} characters of error"
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert not out.exists(), "a refused recipe must write nothing"
+    return " ".join(captured.err.split())
+
+
+def test_hostile_fixtures_cover_every_yaml_family():
+    names = {p.stem for p in HOSTILE}
+    for family in ("alias_bomb", "deep_nesting", "duplicate", "python_object", "huge", "recursive_alias"):
+        assert any(n.startswith(family) for n in names), family
+    assert len(HOSTILE) >= 15
+
+
+@pytest.mark.parametrize("recipe", HOSTILE, ids=lambda p: p.stem)
+def test_hostile_fixture_is_refused_naming_the_problem(recipe, capsys, tmp_path):
+    err = _refused(capsys, recipe, tmp_path / "run")
+    expected = _expectations(recipe)
+    assert expected, f"{recipe.name} has no '# expect:' line"
+    for text in expected:
+        assert " ".join(text.split()) in err, f"{recipe.name}: {text!r} not in:\n{err}"
+
+
+@pytest.mark.parametrize("name", ["alias_bomb_billion_laughs", "deep_nesting_flow", "duplicate_top_level_key"])
+def test_train_refuses_hostile_recipes_before_writing_anything(name, capsys, tmp_path):
+    _refused(capsys, RECIPES / "hostile" / f"{name}.yaml", tmp_path / "run", command="train")
+
+
+def test_alias_bomb_is_refused_before_it_is_built():
+    """The refusal happens on the composed node graph: memory stays that of the text, not of the expansion."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(RecipeError, match="aliases expand to more than"):
+            merge_sources([str(RECIPES / "hostile" / "alias_bomb_billion_laughs.yaml")])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 1024 * 1024, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_generated_oversize_file_is_refused_without_reading_it(capsys, tmp_path):
+    big = tmp_path / "big.yaml"
+    with big.open("w") as fh:
+        fh.write("# padding\n" * (MAX_BYTES // 10 + 1))
+    err = _refused(capsys, big, tmp_path / "run")
+    assert f"larger than {MAX_BYTES} bytes" in err
+
+
+def test_generated_non_utf8_file_is_refused(capsys, tmp_path):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"run: {seed: 1}\n\xff\xfe\x00garbage\n")
+    err = _refused(capsys, binary, tmp_path / "run")
+    assert "binary.yaml: not valid YAML: not UTF-8 text" in err
+
+
+def test_generated_very_deep_nesting_stops_early(capsys, tmp_path):
+    """A million '[' (1 MB minus a bit): refused at level MAX_DEPTH + 1 without reading to the end."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("run: " + "[" * (MAX_BYTES - 100))
+    err = _refused(capsys, deep, tmp_path / "run")
+    assert f"nesting deeper than {MAX_DEPTH} levels" in err
+
+
+def test_directory_instead_of_a_file(capsys, tmp_path):
+    assert cli.main(["validate", "--recipe", str(tmp_path)]) == 2
+    assert f"recipe file not found: {tmp_path}" in capsys.readouterr().err
+
+
+def _bomb(levels: int) -> str:
+    return "- &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"- &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n" for i in range(1, levels + 1)
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("&a [*a]", "recursive alias"),
+        ("[" * 200 + "]" * 200, f"nesting deeper than {MAX_DEPTH} levels"),
+        (_bomb(6), f"aliases expand to more than {MAX_NODES} values"),
+    ],
+    ids=["recursive", "deep", "bomb"],
+)
+def test_override_values_have_the_same_limits(value, message):
+    with pytest.raises(RecipeError, match=f"--run.seed: not valid YAML: {message}"):
+        merge_sources([str(RECIPES / "valid.yaml")], [("run.seed", value)])
+
+
+def test_ordinary_aliases_still_work():
+    cfg = merge_sources([str(RECIPES / "valid.yaml")], [("run.seed", _bomb(2))])
+    assert len(cfg["run"]["seed"]) == 3 and cfg["run"]["seed"][2][0][0] == ["lol"] * 10
+
+
+def test_limits_keep_safe_load_semantics():
+    text = "base: &b {lr: 1.0, betas: [0.9, 0.99]}\nopt:\n  <<: *b\n  lr: 2.0\nwhen: 2024-01-01\nn: ~\n"
+    assert load_yaml(text) == yaml.safe_load(text)
+    assert load_yaml("") is None
+    assert load_yaml("[" * MAX_DEPTH + "]" * MAX_DEPTH) is not None  # exactly the limit is fine
+    with pytest.raises(YamlLimitError):
+        load_yaml("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1))
+
+
+def test_short_repr_never_builds_the_whole_repr():
+    shared: list[object] = ["lol"] * 10
+    for _ in range(8):  # 10**9 leaves if repr'd in full
+        shared = [shared] * 10
+    start = time.monotonic()
+    text = short_repr(shared)
+    assert len(text) <= 200 and time.monotonic() - start < 1.0
+    assert short_repr("x" * 10_000).count("x") < 100
+
+
+def test_recipe_error_message_is_bounded():
+    err = RecipeError([f"field{i}: " + "y" * 50_000 for i in range(500)])
+    assert len(err.problems) == 500  # every problem kept for programs
+    text = str(err)
+    assert len(text) < 60 * MAX_PROBLEM_CHARS and "... and 450 more problem(s)" in text
