@@ -186,7 +186,8 @@ def cmd_report(ns: argparse.Namespace) -> int:
         for name in ("treegrpo-paper", "treegrpo-code"):
             if name in by:
                 ratio = by["dancegrpo"]["s_per_iter_mean"] / by[name]["s_per_iter_mean"]
-                lines.append(f"- DanceGRPO / {by[name]['label']} s/iter: **{ratio:.2f}x** (paper: 173.5 / 72.0 = 2.41x)")
+                paper = "paper: 173.5 / 72.0 = 2.41x"
+                lines.append(f"- DanceGRPO / {by[name]['label']} s/iter: **{ratio:.2f}x** ({paper})")
     (out / "device_check.md").write_text("\n".join(lines) + "\n")
     (out / "device_check.json").write_text(json.dumps({"records": records}, indent=1))
     print("\n".join(lines))

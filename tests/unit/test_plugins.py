@@ -283,7 +283,9 @@ def test_recipe_naming_a_contested_reward_is_refused_before_anything_loads(
 def test_cli_refuses_a_contested_reward_with_exit_2(hostile_site, tmp_path):
     recipes = Path(__file__).resolve().parents[1] / "fixtures" / "recipes"
     out = tmp_path / "run"
+    # tiny-random: validation needs no downloaded weights (valid.yaml names SD3.5-medium, not installed here)
     args = ["validate", "--recipe", str(recipes / "valid.yaml"), "--run.output_dir", str(out)]
+    args += ["--model.pretrained", "tiny-random", "--model.resolution", "32"]
     proc = _cli([*args, "--rewards", "[jpeg-compressibility]"], hostile_site)
     assert proc.returncode == 2, proc.stderr
     assert "contested" in proc.stderr and "rlpost-plugin-impostor" in proc.stderr

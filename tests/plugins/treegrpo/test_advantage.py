@@ -185,5 +185,6 @@ def test_population_std_option_matches_the_official_code_normalisation() -> None
     torch.testing.assert_close(out.edges[3:7].double(), population, atol=1e-6, rtol=0)
     default = TreeBackupAdvantage().estimate(r, scores(rewards))
     # 4 leaves: the two differ by sqrt(4/3), far beyond the tolerance.
-    torch.testing.assert_close(out.edges[3:7] / default.edges[3:7], torch.full((4,), (4 / 3) ** 0.5), rtol=1e-5, atol=1e-6)
+    ratio = out.edges[3:7] / default.edges[3:7]
+    torch.testing.assert_close(ratio, torch.full((4,), (4 / 3) ** 0.5), rtol=1e-5, atol=1e-6)
     assert any("advantage.init_args.std" in p for p in TreeBackupAdvantage(std="ddof0").validate(None))  # type: ignore[arg-type]
