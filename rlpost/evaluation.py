@@ -46,6 +46,7 @@ from rlpost.ops.kernels import EulerODE
 from rlpost.rundir import json_safe
 
 __all__ = [
+    "GRID_MAX_IMAGES",
     "JUDGE",
     "SET_NAME_RE",
     "EvalSettings",
@@ -63,6 +64,8 @@ __all__ = [
 
 JUDGE = "judge"
 """Marks a second judge's metric (``eval/<set>/judge/<name>``) and per-prompt score (``judge/<name>``)."""
+GRID_MAX_IMAGES = 64
+"""Most images in one ``eval/[<set>/]step_N.png`` grid (spread over the set); per-image PNGs keep every image."""
 SET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 """Allowed evaluation set names (they become metric path segments and directory names)."""
 
@@ -223,12 +226,15 @@ class Evaluator:
                     {**({"set": name} if name else {}), "prompt": p, "seed": seed + i}
                     | {column: v[i] for column, v in scores.items()}
                 )
+            # A benchmark-sized set (thousands of prompts) would make a grid of gigapixels: show a spread subset.
+            n = len(prompts)
+            g = GRID_MAX_IMAGES
+            shown = list(range(n)) if n <= g else [i * (n - 1) // (g - 1) for i in range(g)]
             captions = [
-                f"{p} | " + " ".join(f"{column}={v[i]:.3g}" for column, v in scores.items())
-                for i, p in enumerate(prompts)
+                f"{prompts[i]} | " + " ".join(f"{column}={v[i]:.3g}" for column, v in scores.items()) for i in shown
             ]
             directory = image_dir(self.output_dir, name, step)
-            save_grid(images, captions, directory.with_suffix(".png"))
+            save_grid(images[shown], captions, directory.with_suffix(".png"))
             if self.spec.settings.save_images:
                 save_images(images, directory)
         record = {

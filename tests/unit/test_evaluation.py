@@ -201,3 +201,17 @@ def test_bad_sets_and_judges_name_their_field(tmp_path, host, change, expected):
     with pytest.raises(RecipeError) as err:
         validate(cfg, host)
     assert expected in str(err.value)
+
+
+def test_grid_shows_a_spread_subset_of_a_large_set(tmp_path, host, monkeypatch):
+    import rlpost.evaluation
+
+    monkeypatch.setattr(rlpost.evaluation, "GRID_MAX_IMAGES", 2)
+    cfg = _sets_cfg(tmp_path, every=0)
+    cfg["eval"]["sets"]["unseen"]["init_args"]["prompts"] = ["p0", "p1", "p2", "p3", "p4"]
+    recipe = validate(cfg, host)
+    recipe.run.max_steps = 1
+    Runner(recipe, host).run()
+    run = tmp_path / "run"
+    assert Image.open(run / "eval" / "unseen" / "step_000000.png").size[0] == 2 * 128  # p0 and p4, one row
+    assert len(list((run / "eval" / "unseen" / "step_000000").glob("*.png"))) == 5  # every image kept
