@@ -243,6 +243,7 @@ class Evaluator:
             **({"sets": list(results)} if any(results) else {}),
             **({"judges": [j.name for j in self.spec.judges]} if self.spec.judges else {}),
             **{k: v for k, v in metrics.items() if k.startswith("eval/")},
+            "eval_sec": round(metrics["perf/eval_sec"], 3),  # sampling + scoring, so a run's eval share is visible
             "per_prompt": per_prompt,
         }
         with (self.output_dir / self.JSONL).open("a") as fh:

@@ -127,7 +127,7 @@ def test_eval_sets_and_judges_are_logged_separately(tmp_path, host):
     assert [r["step"] for r in records] == [0, 2, 4]
     expected = {f"eval/{s}/{k}" for s in ("unseen", "train") for k in ("toy-brightness", "judge/toy-judge")}
     for r in records:
-        assert r["sets"] == ["unseen", "train"] and r["judges"] == ["toy-judge"]
+        assert r["sets"] == ["unseen", "train"] and r["judges"] == ["toy-judge"] and r["eval_sec"] > 0
         assert expected == {k for k in r if k.startswith("eval/")}
         for s in ("unseen", "train"):
             assert abs(r[f"eval/{s}/toy-brightness"] + r[f"eval/{s}/judge/toy-judge"] - 1.0) < 1e-6
