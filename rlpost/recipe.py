@@ -13,7 +13,7 @@ A recipe has these top-level keys::
     torch_optimizer: a torch optimizer factory (class_path: torch.optim.AdamW, init_args: {lr: ...})
     lr_scheduler:    optional LR scheduler factory
     checkpoint:      {every, keep_last, at_end}                       (rlpost.checkpoint.CheckpointConfig)
-    eval:            {prompts, rewards, num_steps, every, seed, ...}  (rlpost.evaluation; optional)
+    eval:            {prompts|sets, rewards, judges, num_steps, ...}  (rlpost.evaluation; optional)
     logging:         {tensorboard, wandb, wandb_project, grid_every}  (rlpost.logging_.LoggingConfig)
     guards:          {on_nonfinite: stop|skip, max_skipped_steps}     (rlpost.guards.GuardConfig)
     ema:             {decay, update_every}                            (rlpost.ema.EMAConfig; optional)
@@ -52,7 +52,7 @@ from rlpost.api import (
 from rlpost.checkpoint import CheckpointConfig
 from rlpost.distributed import DistributedConfig, validate_distributed
 from rlpost.ema import EMAConfig
-from rlpost.evaluation import EvalSettings, EvalSpec
+from rlpost.evaluation import JUDGE, SET_NAME_RE, EvalSettings, EvalSpec
 from rlpost.guards import GuardConfig
 from rlpost.logging_ import LoggingConfig, missing_tracker_packages
 from rlpost.plugins import PluginHost
@@ -536,28 +536,24 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
 def _validate_eval(
     value: Any, train_rewards: list[Any], built: dict[str, Any], host: PluginHost, problems: list[str]
 ) -> tuple[EvalSpec | None, Any]:
-    """Validate the ``eval`` section: a prompt source, reward sources (default: the training rewards), settings."""
+    """Validate the ``eval`` section: prompt source(s), reward sources (default: the training rewards), second judges
+    (never training rewards) and settings."""
     if not isinstance(value, dict):
         problems.append(
-            f"eval: expected a mapping (prompts, rewards, num_steps, every, seed, batch_size), got {value!r}"
+            f"eval: expected a mapping (prompts or sets, rewards, judges, num_steps, every, seed, batch_size), got "
+            f"{value!r}"
         )
         return None, value
-    known = ("prompts", "rewards", *(f.name for f in dataclasses.fields(EvalSettings)))
+    components = ("prompts", "sets", "rewards", "judges")
+    known = (*components, *(f.name for f in dataclasses.fields(EvalSettings)))
     for key in value:
         if key not in known:
             problems.append(f"eval.{key}: unknown key{suggest(key, list(known))}")
     start = len(problems)
-    settings_raw = {k: v for k, v in value.items() if k not in ("prompts", "rewards") and k in known}
+    settings_raw = {k: v for k, v in value.items() if k not in components and k in known}
     settings = _check_with_parser("eval", EvalSettings, settings_raw, problems)
     resolved: dict[str, Any] = {}
-    prompts = None
-    if "prompts" not in value:
-        problems.append("eval.prompts: missing (a prompt source with the held-out prompts)")
-    else:
-        pv = _resolve_component(value["prompts"], "eval.prompts", "prompts", host, problems)
-        if pv is not None:
-            resolved["prompts"] = pv
-            prompts = _check_named("prompts", "eval.prompts", PromptSource, pv, problems)
+    sets = _validate_eval_sets(value, host, problems, resolved)
     rewards_raw = value.get("rewards", train_rewards)
     if not isinstance(rewards_raw, list) or not rewards_raw:
         problems.append("eval.rewards: expected a non-empty list of reward sources")
@@ -582,6 +578,7 @@ def _validate_eval(
         problems.append(
             f"eval.rewards: reward source(s) {sorted({n for n in names if names.count(n) > 1})} listed twice"
         )
+    judges = _validate_judges(value, built, names, host, problems, resolved)
     if settings is not None:
         resolved.update(dataclasses.asdict(settings))
         for name in ("num_steps", "batch_size"):
@@ -589,9 +586,92 @@ def _validate_eval(
                 problems.append(f"eval.{name}: must be >= 1, got {getattr(settings, name)}")
         if settings.every < 0:
             problems.append(f"eval.every: must be >= 0, got {settings.every}")
-    if len(problems) > start or prompts is None or settings is None:
+    if len(problems) > start or sets is None or settings is None:
         return None, resolved
-    return EvalSpec(prompts=prompts, rewards=rewards, settings=settings), resolved
+    return EvalSpec(sets=sets, rewards=rewards, judges=judges, settings=settings), resolved
+
+
+def _validate_eval_sets(
+    value: dict[str, Any], host: PluginHost, problems: list[str], resolved: dict[str, Any]
+) -> dict[str, PromptSource] | None:
+    """``eval.prompts`` (one source: the unnamed set ``""``) or ``eval.sets`` (named sources), exactly one."""
+    if "prompts" in value and "sets" in value:
+        problems.append("eval.sets: give either eval.prompts (one prompt source) or eval.sets (named ones), not both")
+        return None
+    if "prompts" not in value and "sets" not in value:
+        problems.append(
+            "eval.prompts: missing (a prompt source with the held-out prompts, or eval.sets: {name: source, ...})"
+        )
+        return None
+    if "prompts" in value:
+        raw: dict[str, Any] = {"": value["prompts"]}
+    elif not isinstance(value["sets"], dict) or not value["sets"]:
+        problems.append(f"eval.sets: expected a non-empty mapping of set name to prompt source, got {value['sets']!r}")
+        return None
+    else:
+        raw = value["sets"]
+    sets: dict[str, PromptSource] = {}
+    resolved_sets: dict[str, Any] = {}
+    for name, item in raw.items():
+        where = f"eval.sets.{name}" if name else "eval.prompts"
+        if name and (not isinstance(name, str) or not SET_NAME_RE.match(name) or name == JUDGE):
+            problems.append(
+                f"{where}: bad set name {name!r} (letters, digits, '_', '-', '.'; not starting with a symbol; not "
+                f"{JUDGE!r})"
+            )
+            continue
+        pv = _resolve_component(item, where, "prompts", host, problems)
+        if pv is None:
+            continue
+        resolved_sets[name] = pv
+        got = _check_named("prompts", where, PromptSource, pv, problems)
+        if got is not None:
+            sets[name] = got
+    if "prompts" in value:
+        resolved["prompts"] = resolved_sets.get("")
+    else:
+        resolved["sets"] = resolved_sets
+    return sets if len(sets) == len(raw) else None
+
+
+def _validate_judges(
+    value: dict[str, Any],
+    built: dict[str, Any],
+    eval_reward_names: list[str],
+    host: PluginHost,
+    problems: list[str],
+    resolved: dict[str, Any],
+) -> list[RewardSource]:
+    """``eval.judges``: reward sources scored at evaluation only; none may be a training or evaluation reward."""
+    raw = value.get("judges", [])
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        problems.append(f"eval.judges: expected a list of reward sources, got {raw!r}")
+        return []
+    train_names = [r.name for r in built.get("rewards") or []]
+    judges: list[RewardSource] = []
+    resolved["judges"] = []
+    for i, item in enumerate(raw):
+        jv = _resolve_component(item, f"eval.judges[{i}]", "reward", host, problems)
+        if jv is None:
+            continue
+        resolved["judges"].append(jv)
+        got = _check_named("rewards", f"eval.judges[{i}]", list[RewardSource], [jv], problems)
+        if not got:
+            continue
+        judge = got[0]
+        if judge.name in train_names:
+            problems.append(
+                f"eval.judges[{i}]: {judge.name!r} is a training reward; a judge must be a scorer the policy is not "
+                "trained on (list it in eval.rewards instead)"
+            )
+        elif judge.name in eval_reward_names:
+            problems.append(f"eval.judges[{i}]: {judge.name!r} is also in eval.rewards; list it in one place")
+        elif judge.name in [j.name for j in judges]:
+            problems.append(f"eval.judges[{i}]: {judge.name!r} listed twice")
+        judges.append(judge)
+    return judges
 
 
 def _check_rewards(names: list[str], weights: dict[str, Any]) -> list[str]:
@@ -632,7 +712,22 @@ def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
     for component in components:
         for problem in component.validate(recipe):
             problems.append(problem)
+    if recipe.eval is not None:
+        # Evaluation components report under their own field (their validate() names the training field).
+        for name, source in recipe.eval.sets.items():
+            where = f"eval.sets.{name}" if name else "eval.prompts"
+            problems.extend(_refield(p, "prompts", where) for p in source.validate(recipe))
+        for i, judge in enumerate(recipe.eval.judges):
+            problems.extend(_refield(p, "rewards", f"eval.judges[{i}]") for p in judge.validate(recipe))
     return problems
+
+
+def _refield(problem: str, field_name: str, where: str) -> str:
+    """Re-home a component's problem from the training field it assumes (``prompts...``) to ``where``."""
+    for sep in (".", ":", "["):
+        if problem.startswith(field_name + sep):
+            return where + problem[len(field_name) :]
+    return f"{where}: {problem}"
 
 
 def _optimizer_checks(raw: Any, factory: OptimizerFactory, raw_scheduler: Any, built: dict[str, Any]) -> list[str]:

@@ -3,12 +3,13 @@
 Registered through :data:`rlpost.plugins.DEFAULT_PLUGINS`. At ``rlpost_after_run`` the main process reads what the
 run already wrote and adds ``report/`` to the run directory::
 
-    report/reward_vs_step.png   training reward (metrics.jsonl) and held-out reward (eval.jsonl) against the step
-    report/before_after.png     each held-out prompt's first-evaluation image next to its last-evaluation image,
-                                captioned with the prompt and the reward of each
-    report/summary.json         held-out reward before/after per evaluation reward, training reward first/last
+    report/reward_vs_step.png   training reward (metrics.jsonl) and every held-out reward and judge (eval.jsonl)
+                                against the step, one colour per evaluation set, judges dashed
+    report/before_after.png     held-out prompts' first-evaluation images next to their last-evaluation images, set
+                                by set, captioned with the prompt, the reward and the first judge's score
+    report/summary.json         before/after per evaluation set and reward or judge, training reward first/last
 
-It works from files only (``metrics.jsonl``, ``eval.jsonl``, ``eval/step_N/*.png`` written by
+It works from files only (``metrics.jsonl``, ``eval.jsonl``, ``eval/[<set>/]step_N/*.png`` written by
 :mod:`rlpost.evaluation` with ``save_images: true``), so the same functions rebuild a report for any finished run
 (``python -m rlpost.reporting RUN_DIR``). A report must never break a run: every failure becomes a warning, and the
 plot is skipped (with a warning) when matplotlib is not installed.
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from rlpost.evaluation import JUDGE, eval_columns, eval_sets, image_dir, metric_key
 from rlpost.hookspecs import hookimpl
 from rlpost.images import _MIN_CELL, save_grid
 
@@ -42,7 +44,8 @@ __all__ = [
 ]
 
 REPORT_DIR = "report"
-# Before/after pairs shown in the grid: enough to cover all ten digits of one template, small enough to read.
+# Before/after pairs shown in the grid (shared by the evaluation sets): enough to cover all ten digits of one
+# template, small enough to read.
 MAX_PAIRS = 30
 PAIRS_PER_ROW = 5
 
@@ -62,7 +65,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _eval_keys(evals: Sequence[dict[str, Any]]) -> list[str]:
-    return sorted({k for r in evals for k in r if k.startswith("eval/")})
+    """Every ``eval/*`` metric, set by set (recipe order), rewards before judges."""
+    return [k for name in eval_sets(evals) for k in eval_columns(evals, name)]
 
 
 def _finite(value: Any) -> bool:
@@ -70,11 +74,13 @@ def _finite(value: Any) -> bool:
 
 
 def report_summary(run_dir: Path) -> dict[str, Any]:
-    """Held-out reward at the first and last evaluation and training reward at the first and last logged step.
+    """Held-out scores at the first and last evaluation and training reward at the first and last logged step.
 
     Returns:
-        ``{"heldout": {reward: {"before_step", "before", "after_step", "after", "delta"}}, "train": {...},
-        "steps": N}``; sections are empty when the run logged nothing of that kind.
+        ``{"heldout": {key: {"before_step", "before", "after_step", "after", "delta"}}, "sets": [...],
+        "judges": [...], "train": {...}, "steps": N}``. ``key`` is the metric name without ``eval/``:
+        ``<reward>``/``judge/<judge>`` for a single prompt source, ``<set>/<reward>``/``<set>/judge/<judge>`` with
+        named sets (``sets`` lists them, empty otherwise); sections are empty when the run logged nothing of that kind.
     """
     evals = read_jsonl(run_dir / "eval.jsonl")
     metrics = read_jsonl(run_dir / "metrics.jsonl")
@@ -96,7 +102,21 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
         values = [(m["step"], m[key]) for m in metrics if _finite(m.get(key))]
         if values:
             train[key.removeprefix("reward/")] = {"first": float(values[0][1]), "last": float(values[-1][1])}
-    return {"steps": int(metrics[-1]["step"]) if metrics else 0, "heldout": heldout, "train": train}
+    return {
+        "steps": int(metrics[-1]["step"]) if metrics else 0,
+        "heldout": heldout,
+        "sets": [n for n in eval_sets(evals) if n] if evals else [],
+        "judges": evals[-1].get("judges", []) if evals else [],
+        "train": train,
+    }
+
+
+def _label(key: str) -> str:
+    """Legend label of an eval metric: ``held-out <reward>`` or ``<set>: <reward>``, judges marked as such."""
+    rest = key.removeprefix("eval/")
+    name, _, scorer = rest.partition("/") if "/" in rest and not rest.startswith(f"{JUDGE}/") else ("", "", rest)
+    scorer = scorer.replace(f"{JUDGE}/", "judge ", 1)
+    return f"{name}: {scorer}" if name else f"held-out {scorer}"
 
 
 def plot_rewards(run_dir: Path, out: Path, title: str | None = None) -> Path | None:
@@ -139,16 +159,22 @@ def plot_rewards(run_dir: Path, out: Path, title: str | None = None) -> Path | N
                     for i in range(len(values))
                 ]
                 ax.plot(steps, smooth, color="tab:blue", linewidth=2.0, label=f"training reward (mean of {window})")
-        for i, key in enumerate(_eval_keys(evals)):
-            pts = [(int(r["step"]), float(r[key])) for r in evals if _finite(r.get(key))]
-            if pts:
+        # One colour per evaluation set; the training reward solid with circles, second judges dashed with squares.
+        for i, name in enumerate(eval_sets(evals)):
+            judge_prefix = metric_key(name, "", judge=True)
+            for key in eval_columns(evals, name):
+                pts = [(int(r["step"]), float(r[key])) for r in evals if _finite(r.get(key))]
+                if not pts:
+                    continue
+                is_judge = key.startswith(judge_prefix)
                 ax.plot(
                     [p[0] for p in pts],
                     [p[1] for p in pts],
-                    marker="o",
+                    marker="s" if is_judge else "o",
+                    linestyle="--" if is_judge else "-",
                     color=f"C{(i + 1) % 10}",
-                    linewidth=2.0,
-                    label=f"held-out {key.removeprefix('eval/')}",
+                    linewidth=1.5 if is_judge else 2.0,
+                    label=_label(key),
                 )
         ax.set_xlabel("training step")
         ax.set_ylabel("reward")
@@ -176,12 +202,17 @@ def _scale(images: torch.Tensor) -> int:
     return max(1, math.ceil(_MIN_CELL / max(int(images.shape[1]), int(images.shape[2]))))
 
 
+def _fmt(value: Any) -> str:
+    return f"{float(value):.2f}" if value is not None and _finite(value) else "-"
+
+
 def before_after_grid(run_dir: Path, out: Path, max_pairs: int = MAX_PAIRS) -> Path | None:
     """Grid of held-out images at the first evaluation next to the same prompt and seed at the last one.
 
-    Each pair is two adjacent tiles captioned ``before step 0 r=...`` and ``after step N r=...`` (the first
-    evaluation reward) on the first caption line and the prompt below; pairs are laid out :data:`PAIRS_PER_ROW` to a
-    row.
+    Each pair is two adjacent tiles. The first caption line is ``before step 0 r=...`` / ``after step N r=...`` (the
+    first evaluation reward) or, when the run has second judges, ``before r=... j=...`` (reward and first judge);
+    the prompt follows, prefixed with its set's name when there are named sets. Pairs are laid out
+    :data:`PAIRS_PER_ROW` to a row; with several sets each starts a new row and they share ``max_pairs``.
 
     Returns:
         ``out``, or ``None`` when the run has fewer than two evaluations or their per-image PNGs are missing
@@ -191,29 +222,78 @@ def before_after_grid(run_dir: Path, out: Path, max_pairs: int = MAX_PAIRS) -> P
     if len(evals) < 2:
         return None
     first, last = evals[0], evals[-1]
-    keys = _eval_keys(evals)
-    per_first, per_last = first.get("per_prompt", []), last.get("per_prompt", [])
-    n = min(len(per_first), len(per_last))
-    before = _load_images(run_dir / "eval" / f"step_{int(first['step']):06d}", n)
-    after = _load_images(run_dir / "eval" / f"step_{int(last['step']):06d}", n)
-    if before is None or after is None or n == 0:
+    sets = eval_sets(evals)
+    per_set = max(1, max_pairs // len(sets))
+    if len(sets) > 1 and per_set > PAIRS_PER_ROW:
+        per_set -= per_set % PAIRS_PER_ROW  # whole rows per set
+    panels: list[list[tuple[torch.Tensor, str]]] = []
+    for name in sets:
+        panel = _pairs(run_dir, evals, name, first, last, per_set)
+        if panel is None:
+            return None
+        panels.append(panel)
+    pairs_per_row = min(PAIRS_PER_ROW, max(len(p) // 2 for p in panels))
+    if pairs_per_row == 0:
         return None
-    reward = keys[0].removeprefix("eval/") if keys else None
-    # Spread the shown pairs over the whole prompt list (e.g. every template and digit) rather than its head.
-    shown = sorted({round(i * (n - 1) / max(1, min(n, max_pairs) - 1)) for i in range(min(n, max_pairs))})
     tiles: list[torch.Tensor] = []
     captions: list[str] = []
+    for panel in panels:
+        for tile, caption in panel:
+            tiles.append(tile)
+            captions.append(caption)
+        if len(panels) > 1:  # pad with blank tiles so the next set starts on a new row
+            while len(tiles) % (2 * pairs_per_row):
+                tiles.append(torch.full_like(panel[0][0], 255))
+                captions.append("")
+    return save_grid(torch.stack(tiles), captions, out, ncols=2 * pairs_per_row)
+
+
+def _pairs(
+    run_dir: Path,
+    evals: list[dict[str, Any]],
+    name: str,
+    first: dict[str, Any],
+    last: dict[str, Any],
+    max_pairs: int,
+) -> list[tuple[torch.Tensor, str]] | None:
+    """One set's (tile, caption) list: before/after per shown prompt; ``None`` when its images are missing."""
+    columns = eval_columns(evals, name)
+    judge_prefix = metric_key(name, "", judge=True)
+    prefix = metric_key(name, "")
+    rewards = [k.removeprefix(prefix) for k in columns if not k.startswith(judge_prefix)]
+    judges = [k.removeprefix(prefix) for k in columns if k.startswith(judge_prefix)]
+
+    def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+        return [p for p in record.get("per_prompt", []) if p.get("set", "") == name]
+
+    per_first, per_last = rows(first), rows(last)
+    n = min(len(per_first), len(per_last))
+    if n == 0:
+        return None
+    before = _load_images(image_dir(run_dir, name, int(first["step"])), n)
+    after = _load_images(image_dir(run_dir, name, int(last["step"])), n)
+    if before is None or after is None:
+        return None
+    reward = rewards[0] if rewards else None
+    judge = judges[0] if judges else None
+    # Spread the shown pairs over the whole prompt list (e.g. every template and digit) rather than its head.
+    shown = sorted({round(i * (n - 1) / max(1, min(n, max_pairs) - 1)) for i in range(min(n, max_pairs))})
+    out: list[tuple[torch.Tensor, str]] = []
     for i in shown:
         prompt = str(per_first[i].get("prompt", ""))
-        for label, rec, imgs in (("before", first, before), ("after", last, after)):
-            score = rec["per_prompt"][i].get(reward) if reward is not None else None
-            value = f" r={float(score):.2f}" if score is not None and _finite(score) else ""
-            tiles.append(imgs[i])
+        if name:
+            prompt = f"{name}: {prompt}"
+        for label, rec, imgs in (("before", per_first, before), ("after", per_last, after)):
+            r = rec[i].get(reward) if reward is not None else None
+            if judge is not None:
+                head = f"{label} r={_fmt(r)} j={_fmt(rec[i].get(judge))}"
+            else:
+                step = first["step"] if label == "before" else last["step"]
+                head = f"{label} step {int(step)}" + (f" r={float(r):.2f}" if r is not None and _finite(r) else "")
             # The label fills exactly one caption line of save_grid (width // 6 characters) so the prompt starts
             # on the next line instead of being cut mid-word.
-            head = f"{label} step {int(rec['step'])}{value}"
-            captions.append(head.ljust(max(8, int(imgs.shape[2]) * _scale(imgs) // 6)) + prompt)
-    return save_grid(torch.stack(tiles), captions, out, ncols=2 * min(PAIRS_PER_ROW, len(shown)))
+            out.append((imgs[i], head.ljust(max(8, int(imgs.shape[2]) * _scale(imgs) // 6)) + prompt))
+    return out
 
 
 def write_report(run_dir: Path) -> dict[str, Any]:

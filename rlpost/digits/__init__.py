@@ -1,6 +1,6 @@
 """The digits world: a tiny real-architecture SD3 pretrained on sklearn digits, a frozen digits classifier, the
-``digit-alignment`` reward and the ``digit-prompts`` prompt source. A complete, download-free RL post-training
-setting for CPUs (``docs/digits.md``).
+``digit-alignment`` reward, an independent second judge (``digit-judge``, for evaluation) and the ``digit-prompts``
+prompt source. A complete, download-free RL post-training setting for CPUs (``docs/digits.md``).
 
 Registering costs nothing: the hooks import their modules lazily, and weights load in ``setup()``.
 """
@@ -20,10 +20,11 @@ DIGITS_SD3_DIR = Path(__file__).resolve().parents[2] / "assets" / "digits-sd3"
 
 @hookimpl
 def rlpost_register_reward_sources(register: Any) -> None:
-    """Register ``digit-alignment``."""
-    from rlpost.digits.reward import DigitAlignmentReward
+    """Register ``digit-alignment`` (the training reward) and ``digit-judge`` (the evaluation-only second judge)."""
+    from rlpost.digits.reward import DigitAlignmentReward, DigitJudgeReward
 
     register(DigitAlignmentReward)
+    register(DigitJudgeReward)
 
 
 @hookimpl

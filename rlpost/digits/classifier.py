@@ -1,4 +1,4 @@
-"""The digits world's frozen judge: a small MLP trained on sklearn digits, stored as safetensors.
+"""The digits world's training-reward classifier: a small MLP trained on sklearn digits, stored as safetensors.
 
 The classifier reads sklearn's representation (8x8, values 0-16, bright strokes on dark); images of any size are
 brought there by :func:`rlpost.digits.data.images_to_classifier_input`. It is trained on the ``train`` split (plus

@@ -21,9 +21,12 @@ from torch import Tensor
 
 __all__ = [
     "DIGIT_WORDS",
-    "HELDOUT_TEMPLATES",
+    "EVAL_TEMPLATES",
+    "PROMPT_SPLITS",
     "RESOLUTION",
+    "RL_TEMPLATES",
     "TRAIN_TEMPLATES",
+    "PromptSplit",
     "Split",
     "digit_from_prompt",
     "format_prompt",
@@ -34,15 +37,22 @@ __all__ = [
 ]
 
 Split = Literal["train", "heldout"]
+"""Image splits of sklearn's digits (:func:`load_split`)."""
+PromptSplit = Literal["pretrain", "train", "rl", "eval"]
+"""Template splits of the prompts (:data:`PROMPT_SPLITS`); ``train`` is the older name of ``pretrain``."""
 
 RESOLUTION = 16
 """Image size of the digits world in pixels (8x8 sklearn digits upsampled 2x)."""
 
 DIGIT_WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
-# ``{n}`` is the numeral ("7"), ``{word}`` the English word ("seven"). Both forms occur in training so the model sees
-# every digit both ways. Held-out templates are never seen in pretraining (new sentence frames around the same digit
-# tokens) and are meant for evaluation only.
+# ``{n}`` is the numeral ("7"), ``{word}`` the English word ("seven"). Each template split mixes both forms. The three
+# splits are disjoint sentence frames around the same digit tokens:
+#   pretrain: the only templates the generator saw in pretraining (rlpost.digits.pretrain);
+#   rl:       never seen in pretraining; RL post-training trains on them (the base model leaves headroom there);
+#   eval:     never seen in pretraining nor in RL; evaluation only, to measure transfer to unseen phrasings.
+# Every word is in the shipped T5 vocabulary (rlpost.digits.pretrain._EXTRA_T5_WORDS and rlpost.models.tiny) and
+# every prompt fits both token budgets, so no prompt is truncated (tests/unit/digits/test_digits.py checks this).
 TRAIN_TEMPLATES: tuple[str, ...] = (
     "a handwritten digit {n}",
     "the number {word}",
@@ -51,11 +61,24 @@ TRAIN_TEMPLATES: tuple[str, ...] = (
     "a drawing of the number {n}",
     "a handwritten {word}",
 )
-HELDOUT_TEMPLATES: tuple[str, ...] = (
+RL_TEMPLATES: tuple[str, ...] = (
     "a picture of the digit {word}",
     "the handwritten number {n}",
     "a {word} drawn by hand",
 )
+EVAL_TEMPLATES: tuple[str, ...] = (
+    "an image of the numeral {n}",
+    "the figure {word} written by hand",
+    "a small handwritten {n}",
+    "the numeral {word}",
+)
+PROMPT_SPLITS: dict[str, tuple[str, ...]] = {
+    "pretrain": TRAIN_TEMPLATES,
+    "train": TRAIN_TEMPLATES,
+    "rl": RL_TEMPLATES,
+    "eval": EVAL_TEMPLATES,
+}
+"""Template split name -> templates (``train`` is kept as the older name of ``pretrain``)."""
 
 
 def format_prompt(template: str, digit: int) -> str:

@@ -1,8 +1,9 @@
 """Sample accuracy of a digits pipeline: generate through ``SD3Policy`` with Euler ODE steps, classify, compare.
 
-Command line::
+Scores with both the training reward's classifier (``digit-alignment``) and the independent judge
+(``digit-judge``). Command line::
 
-    python -m rlpost.digits.evaluate --model assets/digits-sd3 --num 200 --nfe 10 --guidance 4.0 --seed 0
+    python -m rlpost.digits.evaluate --model assets/digits-sd3 --num 200 --nfe 10 --guidance 4.0 --seed 0 --split eval
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlpost.digits.data import RESOLUTION, Split
+from rlpost.digits.data import PROMPT_SPLITS, RESOLUTION, PromptSplit
 from rlpost.digits.prompts import DigitsPrompts
 
 __all__ = ["generate", "main", "sample_accuracy"]
@@ -61,16 +62,18 @@ def sample_accuracy(
     nfe: int = 10,
     guidance: float = DEFAULT_GUIDANCE,
     seed: int = 0,
-    split: Split = "train",
+    split: PromptSplit = "pretrain",
     classifier: str | None = None,
+    judge: str | None = None,
 ) -> dict[str, Any]:
     """Generate ``num`` samples cycling through the split's prompts, and classify them.
 
     Returns:
         ``accuracy`` (fraction classified as the prompted digit), ``mean_reward`` (mean ``digit-alignment``),
-        ``per_digit`` accuracies and the settings.
+        ``per_digit`` accuracies, the same two for the independent judge (``judge_accuracy``, ``judge_mean``) and
+        the settings.
     """
-    from rlpost.digits.reward import DigitAlignmentReward
+    from rlpost.digits.reward import DigitAlignmentReward, DigitJudgeReward
 
     items = DigitsPrompts(split=split).load()
     chosen = [items[i % len(items)] for i in range(num)]
@@ -84,9 +87,14 @@ def sample_accuracy(
     target = torch.tensor([m["digit"] for m in meta])
     correct = probs.argmax(-1) == target
     per_digit = {d: round(float(correct[target == d].float().mean()), 3) for d in range(10) if (target == d).any()}
+    second = DigitJudgeReward(judge)
+    second.setup(torch.device("cpu"))
+    judge_correct = second._model.predict_proba_images(images).argmax(-1) == target
     return {
         "accuracy": round(float(correct.float().mean()), 4),
         "mean_reward": round(float(reward.score(images, prompts, meta).mean()), 4),
+        "judge_accuracy": round(float(judge_correct.float().mean()), 4),
+        "judge_mean": round(float(second.score(images, prompts, meta).mean()), 4),
         "per_digit": per_digit,
         "num": num,
         "nfe": nfe,
@@ -104,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nfe", type=int, default=10)
     parser.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--split", choices=["train", "heldout"], default="train")
+    parser.add_argument("--split", choices=sorted(PROMPT_SPLITS), default="pretrain")
     parser.add_argument("--grid", type=Path, default=None, help="write a PNG grid of 10 samples per digit")
     args = parser.parse_args(argv)
     print(json.dumps(sample_accuracy(args.model, args.num, args.nfe, args.guidance, args.seed, args.split)))

@@ -5,9 +5,14 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rlpost.api import PromptSource
-from rlpost.digits.data import HELDOUT_TEMPLATES, TRAIN_TEMPLATES, Split, format_prompt
+from rlpost.digits.data import PROMPT_SPLITS, PromptSplit, format_prompt
 
 __all__ = ["DigitsPrompts"]
+
+_RENAMED = {
+    "heldout": "split 'heldout' was split in two: use 'rl' (never seen in pretraining, for RL training; the former "
+    "'heldout' templates) or 'eval' (never seen in pretraining nor RL, for evaluation)"
+}
 
 
 class DigitsPrompts(PromptSource):
@@ -17,8 +22,9 @@ class DigitsPrompts(PromptSource):
     run seed, so it is deterministic.
 
     Args:
-        split: ``"train"``: the templates the model was pretrained with; ``"heldout"``: templates it never saw
-            (for evaluating generalisation of a post-trained policy).
+        split: Which disjoint template set (``rlpost.digits.data``): ``"pretrain"`` (or its older name ``"train"``):
+            the templates the model was pretrained with; ``"rl"``: templates it never saw, to post-train on;
+            ``"eval"``: templates it never saw and RL does not train on, to evaluate transfer.
         templates: Custom templates instead of the split's, with ``{n}`` (numeral) and/or ``{word}`` (English word)
             placeholders, e.g. ``"a tiny {word}"``.
         digits: Only these digits (default all ten), e.g. ``[7]`` for a single-class run.
@@ -28,7 +34,7 @@ class DigitsPrompts(PromptSource):
 
     def __init__(
         self,
-        split: Split = "train",
+        split: PromptSplit | str = "pretrain",
         templates: list[str] | None = None,
         digits: list[int] | None = None,
     ) -> None:
@@ -39,17 +45,14 @@ class DigitsPrompts(PromptSource):
     def _templates(self) -> tuple[str, ...]:
         if self.templates is not None:
             return tuple(self.templates)
-        if self.split == "train":
-            return TRAIN_TEMPLATES
-        if self.split == "heldout":
-            return HELDOUT_TEMPLATES
-        raise ValueError(f"digit-prompts: split must be 'train' or 'heldout', got {self.split!r}")
+        return PROMPT_SPLITS[self.split]
 
     def validate(self, recipe: Any) -> list[str]:
         """Check the split, the digits and that each template names the digit."""
         problems: list[str] = []
-        if self.templates is None and self.split not in ("train", "heldout"):
-            problems.append(f"prompts.init_args.split: must be 'train' or 'heldout', got {self.split!r}")
+        if self.templates is None and self.split not in PROMPT_SPLITS:
+            hint = _RENAMED.get(self.split, f"must be one of {sorted(PROMPT_SPLITS)}")
+            problems.append(f"prompts.init_args.split: {hint}, got {self.split!r}")
         for t in self.templates or []:
             if "{n}" not in t and "{word}" not in t:
                 problems.append(f"prompts.init_args.templates: {t!r} has neither {{n}} nor {{word}}")

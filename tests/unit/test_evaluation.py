@@ -1,4 +1,5 @@
-"""Held-out evaluation (fixed prompts and seeds, ODE sampling, every eval reward) and sample grids."""
+"""Held-out evaluation (fixed prompts and seeds, ODE sampling, every eval reward, named sets, second judges) and
+sample grids."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class ToyDarkness(RewardSource):
 @hookimpl
 def rlpost_register_reward_sources(register: Any) -> None:
     register(ToyDarkness)
+    register(CountingJudge)
 
 
 @pytest.fixture
@@ -92,3 +94,127 @@ def test_eval_section_problems_are_all_reported(tmp_path, host):
     for expected in ("eval.bogus: unknown key", "eval.prompts: missing", "eval.rewards[0].class_path: unknown reward"):
         assert expected in text
     assert "eval.num_steps: must be >= 1" in text
+
+
+class CountingJudge(RewardSource):
+    """A second judge that records every batch it scores (darkness, like ToyDarkness, under another name)."""
+
+    name: ClassVar[str] = "toy-judge"
+    calls: ClassVar[list[list[str]]] = []
+
+    def score(self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> torch.Tensor:
+        CountingJudge.calls.append(list(prompts))
+        return 1.0 - images.float().mean(dim=(1, 2, 3)) / 255.0
+
+
+def _sets_cfg(tmp_path, **eval_args):
+    cfg = _cfg(tmp_path, **eval_args)
+    del cfg["eval"]["prompts"]
+    cfg["eval"]["sets"] = {
+        "unseen": {"class_path": "prompt-list", "init_args": {"prompts": ["held out one", "held out two"]}},
+        "train": {"class_path": "prompt-list", "init_args": {"prompts": ["a cat"]}},
+    }
+    cfg["eval"]["rewards"] = [{"class_path": "toy-brightness"}]
+    cfg["eval"]["judges"] = [{"class_path": "toy-judge"}]
+    return cfg
+
+
+def test_eval_sets_and_judges_are_logged_separately(tmp_path, host):
+    CountingJudge.calls.clear()
+    recipe = validate(_sets_cfg(tmp_path), host)
+    assert recipe.eval is not None and list(recipe.eval.sets) == ["unseen", "train"]
+    assert [j.name for j in recipe.eval.judges] == ["toy-judge"]
+    Runner(recipe, host).run()
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 2, 4]
+    expected = {f"eval/{s}/{k}" for s in ("unseen", "train") for k in ("toy-brightness", "judge/toy-judge")}
+    for r in records:
+        assert r["sets"] == ["unseen", "train"] and r["judges"] == ["toy-judge"] and r["eval_sec"] > 0
+        assert expected == {k for k in r if k.startswith("eval/")}
+        for s in ("unseen", "train"):
+            assert abs(r[f"eval/{s}/toy-brightness"] + r[f"eval/{s}/judge/toy-judge"] - 1.0) < 1e-6
+        rows = r["per_prompt"]
+        assert [(p["set"], p["prompt"], p["seed"]) for p in rows] == [
+            ("unseen", "held out one", 11),
+            ("unseen", "held out two", 12),
+            ("train", "a cat", 11),
+        ]
+        assert all({"toy-brightness", "judge/toy-judge"} <= p.keys() for p in rows)
+        assert abs(sum(p["judge/toy-judge"] for p in rows[:2]) / 2 - r["eval/unseen/judge/toy-judge"]) < 1e-6
+    # The judge saw evaluation prompts only: one batch per set per evaluation, never a training rollout.
+    assert CountingJudge.calls == [["held out one", "held out two"], ["a cat"]] * 3
+    table = (run / "eval.md").read_text()
+    assert "## unseen" in table and "## train" in table and "second judges" in table
+    assert "| step | toy-brightness | judge/toy-judge |" in table
+    for s, n in (("unseen", 2), ("train", 1)):
+        assert (run / "eval" / s / "step_000004.png").is_file()
+        assert len(list((run / "eval" / s / "step_000004").glob("*.png"))) == n
+
+
+def test_judges_never_reach_training(tmp_path, host):
+    """Training rewards, reward weights, the advantage estimator and metrics.jsonl never see a judge."""
+    CountingJudge.calls.clear()
+    recipe = validate(_sets_cfg(tmp_path, every=0), host)
+    assert [r.name for r in recipe.rewards] == ["toy-brightness"] and recipe.reward_weights == {"toy-brightness": 1.0}
+    seen: list[set[str]] = []
+    estimate = recipe.advantage.estimate
+
+    def spy(rollout, scores):
+        seen.append(set(scores.scores))
+        assert len(CountingJudge.calls) == 2, "judge scored something outside an evaluation"
+        return estimate(rollout, scores)
+
+    recipe.advantage.estimate = spy  # type: ignore[method-assign]
+    Runner(recipe, host).run()
+    assert seen and all(names == {"toy-brightness"} for names in seen)
+    assert len(CountingJudge.calls) == 4  # step 0 and the end, two sets each
+    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
+        assert not [k for k in json.loads(line) if "judge" in k]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda e: e.update(prompts=e["sets"]["unseen"]), "eval.sets: give either eval.prompts"),
+        (lambda e: e.update(sets={}), "eval.sets: expected a non-empty mapping"),
+        (lambda e: e["sets"].update({"bad/name": e["sets"]["train"]}), "eval.sets.bad/name: bad set name"),
+        (lambda e: e["sets"].update({"judge": e["sets"]["train"]}), "eval.sets.judge: bad set name"),
+        (lambda e: e["sets"].update(x={"class_path": "prompt-lst"}), "eval.sets.x.class_path: unknown prompts"),
+        (
+            lambda e: e["sets"].update(x={"class_path": "prompt-list", "init_args": {"prompts": []}}),
+            "eval.sets.x.init_args.prompts: the prompt list is empty",
+        ),
+        (lambda e: e.update(judges=[{"class_path": "toy-judg"}]), "eval.judges[0].class_path: unknown reward"),
+        (
+            lambda e: e.update(judges=[{"class_path": "toy-brightness"}]),
+            "eval.judges[0]: 'toy-brightness' is a training",
+        ),
+        (lambda e: e.update(judges=["toy-judge", "toy-judge"]), "eval.judges[1]: 'toy-judge' listed twice"),
+        (lambda e: e.update(judges={"a": 1}), "eval.judges: expected a list"),
+        (
+            lambda e: e.update(rewards=["toy-brightness", "toy-judge"]),
+            "eval.judges[0]: 'toy-judge' is also in eval.rewards",
+        ),
+    ],
+)
+def test_bad_sets_and_judges_name_their_field(tmp_path, host, change, expected):
+    cfg = _sets_cfg(tmp_path)
+    change(cfg["eval"])
+    with pytest.raises(RecipeError) as err:
+        validate(cfg, host)
+    assert expected in str(err.value)
+
+
+def test_grid_shows_a_spread_subset_of_a_large_set(tmp_path, host, monkeypatch):
+    import rlpost.evaluation
+
+    monkeypatch.setattr(rlpost.evaluation, "GRID_MAX_IMAGES", 2)
+    cfg = _sets_cfg(tmp_path, every=0)
+    cfg["eval"]["sets"]["unseen"]["init_args"]["prompts"] = ["p0", "p1", "p2", "p3", "p4"]
+    recipe = validate(cfg, host)
+    recipe.run.max_steps = 1
+    Runner(recipe, host).run()
+    run = tmp_path / "run"
+    assert Image.open(run / "eval" / "unseen" / "step_000000.png").size[0] == 2 * 128  # p0 and p4, one row
+    assert len(list((run / "eval" / "unseen" / "step_000000").glob("*.png"))) == 5  # every image kept

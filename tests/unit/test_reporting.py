@@ -58,6 +58,57 @@ def test_write_report_makes_plot_grid_and_summary(tmp_path: Path) -> None:
     assert json.loads((run / "report" / "summary.json").read_text())["steps"] == 2
 
 
+SETS = {"heldout": PROMPTS, "pretrain": [f"a handwritten digit {d}" for d in range(7)]}
+
+
+def _fake_sets_run(run_dir: Path, evals: tuple[int, ...] = (0, 4)) -> None:
+    """A run with named evaluation sets and a second judge (as rlpost.evaluation writes it)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 4, "reward/weighted": 0.9}) + "\n")
+    with (run_dir / "eval.jsonl").open("w") as fh:
+        for k, step in enumerate(evals):
+            record: dict = {"step": step, "num_steps": 10, "sets": list(SETS), "judges": ["digit-judge"]}
+            rows = []
+            for s, (name, prompts) in enumerate(SETS.items()):
+                reward, judge = 0.5 + 0.2 * k + 0.1 * s, 0.5 + 0.05 * k  # the judge barely moves: reward hacking
+                record[f"eval/{name}/digit-alignment"] = reward
+                record[f"eval/{name}/judge/digit-judge"] = judge
+                rows += [
+                    {"set": name, "prompt": p, "seed": 1000 + i, "digit-alignment": reward, "judge/digit-judge": judge}
+                    for i, p in enumerate(prompts)
+                ]
+                images = torch.full((len(prompts), 16, 16, 3), 40 * (k + 1) + s, dtype=torch.uint8)
+                save_images(images, run_dir / "eval" / name / f"step_{step:06d}")
+            fh.write(json.dumps(record | {"per_prompt": rows}) + "\n")
+
+
+def test_report_shows_each_set_and_judge(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _fake_sets_run(run)
+    summary = reporting.write_report(run)
+    assert summary["sets"] == ["heldout", "pretrain"] and summary["judges"] == ["digit-judge"]
+    assert list(summary["heldout"]) == [
+        "heldout/digit-alignment",
+        "heldout/judge/digit-judge",
+        "pretrain/digit-alignment",
+        "pretrain/judge/digit-judge",
+    ]
+    assert abs(summary["heldout"]["pretrain/digit-alignment"]["delta"] - 0.2) < 1e-9
+    assert abs(summary["heldout"]["heldout/judge/digit-judge"]["delta"] - 0.05) < 1e-9
+    assert sorted(summary["files"]) == ["report/before_after.png", "report/reward_vs_step.png"]
+    # 15 pairs per set (30 shared by two sets, whole rows): heldout has 3 prompts -> one padded row of 5 pairs;
+    # pretrain has 7 -> two rows. Three rows of 10 tiles.
+    grid = Image.open(run / "report" / "before_after.png")
+    assert grid.size == (10 * 128, 3 * (128 + 3 * 12 + 4))
+    cell = 128 + 3 * 12 + 4
+    pixels = grid.convert("RGB")
+    assert pixels.getpixel((3 * 128 + 5, 5)) == (80, 80, 80)  # heldout, pair 2 "after" (k=1: 40*2 + set 0)
+    assert pixels.getpixel((6 * 128 + 5, 5)) == (255, 255, 255)  # padding: pretrain starts on the next row
+    assert pixels.getpixel((1 * 128 + 5, cell + 5)) == (81, 81, 81)  # pretrain, pair 1 "after"
+    assert reporting._label("eval/heldout/judge/digit-judge") == "heldout: judge digit-judge"
+    assert reporting._label("eval/digit-alignment") == "held-out digit-alignment"
+
+
 def test_grid_needs_two_evaluations_and_images(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _fake_run(run, evals=(0,))
