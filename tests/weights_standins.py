@@ -13,7 +13,15 @@ import pytest
 SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
 
 # Reward checkpoints the shipped recipes use, as default names under $RLPOST_MODELS (file or directory).
-REWARD_FILES = ("HPS_v2.1_compressed.pt",)
+REWARD_FILES = (
+    "HPS_v2.1_compressed.pt",
+    "ImageReward/ImageReward.pt",
+    "ImageReward/med_config.json",
+    "sac+logos+ava1-l14-linearMSE.pth",
+    "DFN5B-CLIP-ViT-H-14-384/open_clip_pytorch_model.bin",
+)
+# ... and directories (tokenizer and CLIP snapshots), as default names under $RLPOST_MODELS.
+REWARD_DIRS = ("bert-base-uncased", "clip-vit-large-patch14")
 
 
 def write_sd3_standin(directory: Path, vae_blocks: int = 4, patch_size: int = 2, pos_embed_max_size: int = 192) -> Path:
@@ -70,6 +78,9 @@ def standin_weights(tmp_path_factory, monkeypatch) -> Path:
     models = root / "models"
     models.mkdir()
     for name in REWARD_FILES:
+        (models / name).parent.mkdir(parents=True, exist_ok=True)
         (models / name).write_bytes(b"")
+    for name in REWARD_DIRS:
+        (models / name).mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("RLPOST_MODELS", str(models))
     return root
