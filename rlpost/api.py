@@ -104,7 +104,13 @@ class Policy(Component):
 
     @abstractmethod
     def sigmas(self, num_steps: int) -> Tensor:
-        """``[num_steps + 1]`` fp32 noise levels from 1 (noise) to 0 (data), time-shifted as the model expects."""
+        """``[num_steps + 1]`` fp32 noise levels from 1 (noise) to 0 (data), time-shifted as the model expects.
+
+        This is the run's one time grid: every sampler and the held-out evaluation step through it. Adapters build
+        it with :func:`rlpost.ops.schedules.time_grid_sigmas` from a recipe-level grid name (SD3:
+        ``model.init_args.time_grid``, ``"diffusers"`` or ``"shifted-linspace"``), so one recipe value sets it for
+        all of them.
+        """
 
     @abstractmethod
     def initial_noise(self, num: int, generator: torch.Generator) -> Tensor:

@@ -2,12 +2,22 @@
 rlpost chain core: SDE chains with DanceGRPO's step at every step, a shared initial noise per group and a per-sample
 random subset of steps to train (algorithms.md 4.2-4.4).
 
-Last step and decoding. Upstream SDE-samples every step and decodes ``x̂0 = x - σ·v`` predicted at the last step, so
-the last sampled action never reaches the reward (hence its ``--ignore_last``). Here, by default
-(``final_step="ode"``), the last step (``σ_{T-1} -> 0``) is the deterministic Euler step, whose result
-``x - σ_{T-1}·v`` *is* that ``x̂0``: the decoded image is upstream's, and the last edge is recorded but not trainable
-(upstream with ``--ignore_last``). ``final_step="sde"`` samples the last step too and decodes the sampled state (which
-then holds SDE noise of std ``η·sqrt(σ_{T-1})``); ``ignore_last`` then keeps that step out of training.
+Time grid and last steps. Upstream (``fastvideo/train_grpo_flux.py``@15cc71d, ``run_sample_step``) samples every
+step of the shifted-linspace grid ``time_shift(linspace(1, 0, T+1))`` (last nonzero level ``shift(1/T)``, 0.25 for
+shift 3 and ``T = 10``) and decodes ``x̂0 = x - σ_{T-1}·v`` predicted at the last step, so the last sampled action
+never reaches the reward (hence its ``--ignore_last`` flag). Here:
+
+* ``final_step="ode"`` (default): the last step (``σ_{T-1} -> 0``) is the deterministic Euler step, whose result
+  ``x - σ_{T-1}·v`` *is* that ``x̂0``; the last edge is recorded but not trainable (upstream with ``--ignore_last``).
+  ``final_step="sde"`` samples the last step too (trainable unless ``ignore_last``) and decodes upstream's ``x̂0``,
+  never the sampled state.
+* ``penultimate_step`` is the step into the grid's last nonzero level ``σ_{T-1}``. ``"sde"`` is upstream on its
+  grid: the sampled noise lands at ``σ_{T-1} = shift(1/T)`` and the ``x̂0`` prediction removes it. On the diffusers
+  grid (the default ``model.init_args.time_grid``) ``σ_{T-1}`` is ``σ_min ≈ 0.009``: noise sampled into it stays in
+  the image (std ``η·sqrt(σ_{T-2} - σ_min)``, ≈ 0.16 for SD3.5 at 10 steps). The default ``"ode"`` keeps that step
+  deterministic, so no grid scores a noisier image than upstream (``tests/plugins/test_residual_noise.py``);
+  recipes on the shifted-linspace grid set ``"sde"`` to be upstream exactly. Validation refuses ``"sde"`` on a
+  model whose grid ends in ``σ_min`` (:func:`rlpost.ops.schedules.clean_tail_steps`).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from rlpost.components.chain import (
 )
 from rlpost.contract import PromptBatch, Rollout
 from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
+from rlpost.ops.schedules import TIME_GRIDS, clean_tail_steps
 from rlpost.sampling import evaluate_edges
 
 __all__ = ["DanceGRPOSampler"]
@@ -41,8 +52,11 @@ class DanceGRPOSampler(Sampler):
             first ``int(n_eligible · timestep_fraction)`` steps of its own random permutation (upstream 0.6).
         init_same_noise: All samples of a group start from the same initial noise (upstream ``--init_same_noise``).
         final_step: ``"ode"``: the last step is deterministic and lands on ``x̂0`` (upstream's decoded image);
-            ``"sde"``: the last step is sampled too.
+            ``"sde"``: the last step is sampled too, and upstream's ``x̂0`` of that step is decoded.
         ignore_last: With ``final_step="sde"``, keep the last step out of training (upstream ``--ignore_last``).
+        penultimate_step: The step into the grid's last nonzero level: ``"ode"`` (default; deterministic, safe on
+            every grid) or ``"sde"`` (sampled and trainable: upstream on the shifted-linspace grid; refused on a
+            grid that ends in diffusers' ``σ_min``, where its noise would stay in the image).
         logprob_reduction: Reduce per-element log-densities by ``"mean"`` (every anchor codebase) or ``"sum"``.
         chunk_size: Maximum rows per denoiser forward during the rollout (memory budget).
     """
@@ -60,6 +74,7 @@ class DanceGRPOSampler(Sampler):
         ignore_last: bool = False,
         logprob_reduction: LogProbReduction = "mean",
         chunk_size: int = 16,
+        penultimate_step: Literal["ode", "sde"] = "ode",
     ) -> None:
         self.num_steps = int(num_steps)
         self.eta = float(eta)
@@ -67,16 +82,33 @@ class DanceGRPOSampler(Sampler):
         self.init_same_noise = bool(init_same_noise)
         self.final_step = final_step
         self.ignore_last = bool(ignore_last)
+        self.penultimate_step = penultimate_step
         self.logprob_reduction: LogProbReduction = logprob_reduction
         self.chunk_size = int(chunk_size)
         self._kernels: list[StepKernel | None] = [make_kernel("dance-sde", eta=max(self.eta, 0.0)), make_kernel("ode")]
 
     # ---------------------------------------------------------------------------------------------- planning
     @property
+    def step_kinds(self) -> list[int]:
+        """Kernel index per step: 0 (DanceGRPO's SDE) or 1 (Euler ODE) for the last two steps as configured."""
+        kinds = [0] * self.num_steps
+        if self.penultimate_step == "ode" and self.num_steps >= 2:
+            kinds[-2] = 1
+        if self.final_step == "ode":
+            kinds[-1] = 1
+        return kinds
+
+    @property
+    def eligible(self) -> list[int]:
+        """Steps a sample may train: the SDE steps, less the last one with ``ignore_last``."""
+        kinds = self.step_kinds
+        last = self.num_steps - 1
+        return [i for i, k in enumerate(kinds) if k == 0 and not (i == last and self.ignore_last)]
+
+    @property
     def eligible_steps(self) -> int:
-        """Stochastic steps a sample may train: ``T - 1`` with a deterministic last step or ``ignore_last``."""
-        last_excluded = self.final_step == "ode" or self.ignore_last
-        return self.num_steps - (1 if last_excluded else 0)
+        """Number of :attr:`eligible` steps (``T - 2`` by default, ``T - 1`` with ``penultimate_step="sde"``)."""
+        return len(self.eligible)
 
     @property
     def train_steps(self) -> int:
@@ -101,6 +133,18 @@ class DanceGRPOSampler(Sampler):
             )
         if self.final_step not in ("ode", "sde"):
             problems.append(f"sampler.init_args.final_step: must be 'ode' or 'sde', got {self.final_step!r}")
+        if self.penultimate_step not in ("ode", "sde"):
+            problems.append(
+                f"sampler.init_args.penultimate_step: must be 'ode' or 'sde', got {self.penultimate_step!r}"
+            )
+        # The model's grid (the SD3 adapter's model.init_args.time_grid); adapters without a named grid skip this check.
+        grid = getattr(getattr(recipe, "model", None), "time_grid", None)
+        if self.penultimate_step == "sde" and grid in TIME_GRIDS and clean_tail_steps(grid) > 1:
+            problems.append(
+                f"sampler.init_args.penultimate_step: 'sde' samples the step into sigma_min (0.009 at shift 3) of "
+                f"model.init_args.time_grid {grid!r}; its noise would stay in the decoded image. Use 'ode', or "
+                "time_grid 'shifted-linspace' (DanceGRPO's own grid)"
+            )
         if self.ignore_last and self.final_step == "ode":
             problems.append("sampler.init_args.ignore_last: has no effect with final_step='ode' (the last step is "
                             "already deterministic and untrained); drop it")
@@ -111,12 +155,13 @@ class DanceGRPOSampler(Sampler):
     def plan(self, sigmas: Tensor, num_samples: int, generator: torch.Generator) -> ChainPlan:
         """Kernels per step and each sample's random trained subset (drawn from ``generator``)."""
         t = self.num_steps
-        step_kernel = [0] * t
-        if self.final_step == "ode":
-            step_kernel[-1] = 1
+        eligible = self.eligible
         # Per sample: a random permutation of the eligible steps, keep its first train_steps (algorithms.md 4.3.7).
-        trainable = random_step_subset(num_samples, t, self.eligible_steps, self.train_steps, generator)
-        return ChainPlan(sigmas.cpu(), ["dance-sde", "ode"], self._kernels, step_kernel, trainable)
+        subset = random_step_subset(num_samples, len(eligible), len(eligible), self.train_steps, generator)
+        trainable = torch.zeros((num_samples, t), dtype=torch.bool)
+        trainable[:, eligible] = subset
+        return ChainPlan(sigmas.cpu(), ["dance-sde", "ode"], self._kernels, self.step_kinds, trainable,
+                         decode_x0=self.final_step == "sde")
 
     # --------------------------------------------------------------------------------------------- sampling
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:

@@ -6,10 +6,17 @@ TreeGRPO's DDPO baseline needs (algorithms.md 7.5, [inferred]). There are no sha
 DDPO: every image is an independent chain, and the advantage comes from the per-prompt stat tracker
 (:mod:`rlpost_ddpo.advantage`).
 
-Last step. Flow-GRPO's SDE at ``σ_{T-1} -> 0`` leaves noise of std ``a·σ_{T-1}/sqrt(1-σ_{T-1})`` in the final latent
-(≈ 0.2 for SD3.5 at 10 steps). By default (``final_step="ode"``) the last step is the deterministic Euler step to
-``x̂0`` and is not trained (Flow-GRPO also never trains it, ``timestep_fraction 0.99``); ``final_step="sde"`` samples
-and trains it as well.
+Last steps and time grid. DDPO's DDIM step (η = 1) draws its noise from the DDPM posterior, whose std never exceeds
+the noise level of the state it lands on, so DDPO's images hold at most the last level's noise
+(``ddpo_pytorch/diffusers_patch/ddim_with_logprob.py``@1958463). Flow-GRPO's SDE has no such bound: its std
+``a·sqrt(σ/(1-σ))·sqrt(σ-σ')`` is about 0.23 for SD3.5's step from 0.28 into diffusers' ``σ_min ≈ 0.009``, and the
+remaining step removes only ``σ_min·v`` of it. So by default both steps into the grid's clean end are deterministic
+Euler steps and not trained: ``penultimate_step="ode"`` (the step into the last nonzero level ``σ_{T-1}``) and
+``final_step="ode"`` (``σ_{T-1} -> 0``, which lands on ``x̂0``; Flow-GRPO never trains it either,
+``timestep_fraction 0.99``). ``penultimate_step="sde"`` is allowed on the shifted-linspace grid, whose ``σ_{T-1} =
+shift(1/T)`` hides the noise; ``final_step="sde"`` (sampled, trained, the sampled state decoded) only on the diffusers
+grid, where it starts from ``σ_min`` and adds noise of std ``≈ a·σ_min``. ``tests/plugins/test_residual_noise.py``
+checks every default against DDIM (η = 1) on the same grid and model.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from rlpost.components.chain import (
 )
 from rlpost.contract import PromptBatch, Rollout
 from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
+from rlpost.ops.schedules import TIME_GRIDS, clean_tail_steps
 from rlpost.sampling import evaluate_edges
 
 __all__ = ["DDPOSampler"]
@@ -41,7 +49,10 @@ class DDPOSampler(Sampler):
         noise_level: ``a`` of the Flow-GRPO SDE (``σ_t = a·sqrt(σ/(1-σ))``); 0.7 as Flow-GRPO.
         timestep_fraction: Fraction of the stochastic steps each sample trains (a random subset per sample, as
             DDPO's per-sample timestep shuffle); DDPO's default 1.0 trains them all.
-        final_step: ``"ode"``: deterministic last step to ``x̂0`` (not trained); ``"sde"``: sampled and trained.
+        final_step: ``"ode"``: deterministic last step to ``x̂0`` (not trained); ``"sde"``: sampled and trained
+            (diffusers grid only).
+        penultimate_step: The step into the grid's last nonzero level: ``"ode"`` (default, not trained) or
+            ``"sde"`` (sampled and trained; shifted-linspace grid only).
         logprob_reduction: ``"mean"`` (anchor convention) or ``"sum"`` over latent elements.
         chunk_size: Maximum rows per denoiser forward during the rollout (memory budget).
     """
@@ -57,20 +68,32 @@ class DDPOSampler(Sampler):
         final_step: Literal["ode", "sde"] = "ode",
         logprob_reduction: LogProbReduction = "mean",
         chunk_size: int = 16,
+        penultimate_step: Literal["ode", "sde"] = "ode",
     ) -> None:
         self.num_steps = int(num_steps)
         self.noise_level = float(noise_level)
         self.timestep_fraction = float(timestep_fraction)
         self.final_step = final_step
+        self.penultimate_step = penultimate_step
         self.logprob_reduction: LogProbReduction = logprob_reduction
         self.chunk_size = int(chunk_size)
         self._kernels: list[StepKernel | None] = [make_kernel("flow-sde", noise_level=self.noise_level),
                                                   make_kernel("ode")]
 
     @property
+    def step_kinds(self) -> list[int]:
+        """Kernel index per step: 0 (Flow-GRPO's SDE) or 1 (Euler ODE) for the last two steps as configured."""
+        kinds = [0] * self.num_steps
+        if self.penultimate_step == "ode" and self.num_steps >= 2:
+            kinds[-2] = 1
+        if self.final_step == "ode":
+            kinds[-1] = 1
+        return kinds
+
+    @property
     def stochastic_steps(self) -> int:
-        """Steps sampled with the SDE: ``T``, or ``T - 1`` with a deterministic last step."""
-        return self.num_steps - (1 if self.final_step == "ode" else 0)
+        """Steps sampled with the SDE: ``T - 2`` by default, one more per last step set to ``"sde"``."""
+        return self.step_kinds.count(0)
 
     @property
     def train_steps(self) -> int:
@@ -90,21 +113,38 @@ class DDPOSampler(Sampler):
             problems.append(f"sampler.init_args.timestep_fraction: {self.timestep_fraction} trains 0 steps")
         if self.final_step not in ("ode", "sde"):
             problems.append(f"sampler.init_args.final_step: must be 'ode' or 'sde', got {self.final_step!r}")
+        if self.penultimate_step not in ("ode", "sde"):
+            problems.append(
+                f"sampler.init_args.penultimate_step: must be 'ode' or 'sde', got {self.penultimate_step!r}"
+            )
+        # The model's grid (the SD3 adapter's model.init_args.time_grid); adapters without a named grid skip this check.
+        grid = getattr(getattr(recipe, "model", None), "time_grid", None)
+        if grid in TIME_GRIDS:
+            # The one step that starts from a noisy level and lands on the grid's clean end must be deterministic.
+            if clean_tail_steps(grid) > 1 and self.penultimate_step == "sde":
+                problems.append(
+                    f"sampler.init_args.penultimate_step: 'sde' samples the step into sigma_min (0.009 at shift 3) "
+                    f"of model.init_args.time_grid {grid!r}; its noise would stay in the decoded image. Use 'ode'"
+                )
+            if clean_tail_steps(grid) == 1 and self.final_step == "sde":
+                problems.append(
+                    f"sampler.init_args.final_step: 'sde' samples the step from shift(1/T) to 0 of "
+                    f"model.init_args.time_grid {grid!r} and decodes it; its noise would stay in the image. Use 'ode'"
+                )
         if self.chunk_size < 1:
             problems.append(f"sampler.init_args.chunk_size: must be >= 1, got {self.chunk_size}")
         return problems
 
     def plan(self, sigmas: Tensor, num_samples: int, generator: torch.Generator) -> ChainPlan:
-        """SDE everywhere (ODE last step by default); the trained subset per sample."""
-        step_kernel = [0] * self.num_steps
-        if self.final_step == "ode":
-            step_kernel[-1] = 1
+        """SDE everywhere except the configured last steps (both ODE by default); the trained subset per sample."""
+        step_kernel = self.step_kinds
+        stochastic = [i for i, k in enumerate(step_kernel) if k == 0]
+        trainable = torch.zeros((num_samples, self.num_steps), dtype=torch.bool)
         if self.train_steps == self.stochastic_steps:
-            trainable = torch.zeros((num_samples, self.num_steps), dtype=torch.bool)
-            trainable[:, : self.stochastic_steps] = True
+            trainable[:, stochastic] = True
         else:
-            trainable = random_step_subset(num_samples, self.num_steps, self.stochastic_steps, self.train_steps,
-                                           generator)
+            trainable[:, stochastic] = random_step_subset(num_samples, len(stochastic), len(stochastic),
+                                                          self.train_steps, generator)
         return ChainPlan(sigmas.cpu(), ["flow-sde", "ode"], self._kernels, step_kernel, trainable)
 
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:

@@ -49,6 +49,9 @@ class ChainPlan:
         step_kernel: ``T`` indices into ``kernels``, one per step.
         trainable: ``[S, T]`` bool, which edge of which chain the update rule may train. Only stochastic steps may be
             trainable (a deterministic edge has no density).
+        decode_x0: Decode the clean estimate ``x̂0 = x - σ_{T-1}·v`` predicted at the last step instead of the final
+            state (DanceGRPO's decoded image, ``XueZeyue/DanceGRPO`` ``fastvideo/train_grpo_flux.py``@15cc71d
+            ``run_sample_step``), so a sampled last step leaves no noise in the image.
     """
 
     sigmas: Tensor
@@ -56,6 +59,7 @@ class ChainPlan:
     kernels: list[StepKernel | None]
     step_kernel: list[int]
     trainable: Tensor
+    decode_x0: bool = False
 
     def __post_init__(self) -> None:
         t = len(self.step_kernel)
@@ -143,11 +147,14 @@ def run_chains(
     forwards = 0
     prev_sigma: Tensor | None = None
     prev_x0: Tensor | None = None
+    last_x0: Tensor | None = None
     for i in range(plan.num_steps):
         sigma = sigmas[i].expand(s).to(device)
         sigma_next = sigmas[i + 1].expand(s).to(device)
         v = frontier_velocity(policy, x, sigma, cond, groups, chunk_size)
         forwards += s
+        if plan.decode_x0 and i == plan.num_steps - 1:
+            last_x0 = x - sigmas[i].to(device) * v
         kernel_index = plan.step_kernel[i]
         kernel = plan.kernels[kernel_index]
         if kernel is None:
@@ -169,7 +176,8 @@ def run_chains(
             if rows.numel():
                 builder.add_edges(node[rows], child[rows], log_prob[rows.to(log_prob.device)], flag, kernel_index)
         x, node = x_next, child
-    images = torch.cat([policy.decode(x[j : j + chunk_size]) for j in range(0, s, chunk_size)])
+    decoded = x if last_x0 is None else last_x0
+    images = torch.cat([policy.decode(decoded[j : j + chunk_size]) for j in range(0, s, chunk_size)])
     return builder.build(node, images, stats={"perf/rollout_forwards": float(forwards)})
 
 

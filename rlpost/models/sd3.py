@@ -5,9 +5,9 @@ encoders, the ``SD3Transformer2DModel`` call signature, the latent shape and the
 ``sigmas`` / ``initial_noise`` / ``encode`` / ``velocity`` / ``decode``; a FLUX adapter is another module of this
 shape (see ``docs/models.md``).
 
-With the Euler ODE kernel, sampling through this adapter reproduces ``StableDiffusion3Pipeline.__call__`` exactly
-(same schedule, timestep ``1000·σ``, the pipeline's CFG formula and ``[negative, positive]`` batch order); the test
-suite checks this on a tiny model.
+With the Euler ODE kernel and the default ``time_grid="diffusers"``, sampling through this adapter reproduces
+``StableDiffusion3Pipeline.__call__`` exactly (same schedule, timestep ``1000·σ``, the pipeline's CFG formula and
+``[negative, positive]`` batch order); the test suite checks this on a tiny model.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from rlpost.models._common import (
     resolve_dtype,
 )
 from rlpost.models.tiny import ensure_tiny_sd3, parse_tiny_id
-from rlpost.ops.schedules import sd3_sigmas, timesteps_from_sigmas
+from rlpost.ops.schedules import TIME_GRIDS, TimeGrid, time_grid_sigmas, timesteps_from_sigmas
 
 __all__ = ["LoraSpec", "SD3Policy", "rlpost_register_models"]
 
@@ -63,6 +63,11 @@ class SD3Policy(Policy):
             full fine-tuning needs this flag and keeps a frozen copy of the transformer.
         max_sequence_length: T5 tokens per prompt (SD3 default 256; fewer is faster).
         local_files_only: Never contact the hub; hub ids must already be in the local cache.
+        time_grid: Noise levels every sampler and the held-out evaluation step through (:meth:`sigmas`):
+            ``"diffusers"`` (default; the pipeline's own ``FlowMatchEulerDiscreteScheduler`` grid, used by Flow-GRPO
+            and TreeGRPO) or ``"shifted-linspace"`` (``time_shift(linspace(1, 0, T+1))``, used by DanceGRPO and
+            MixGRPO). See ``docs/models.md`` "Time grids".
+        shift: Static time shift of the grid; ``null`` takes the scheduler config's ``shift`` (SD3.5: 3.0).
     """
 
     name: ClassVar[str] = "sd3"
@@ -80,6 +85,8 @@ class SD3Policy(Policy):
         reference: bool = False,
         max_sequence_length: int = 256,
         local_files_only: bool = True,
+        time_grid: TimeGrid = "diffusers",
+        shift: float | None = None,
     ) -> None:
         if lora is not None and full_finetune:
             raise ValueError("SD3Policy: choose either lora or full_finetune, not both")
@@ -94,6 +101,8 @@ class SD3Policy(Policy):
         self.use_reference = bool(reference)
         self.max_sequence_length = int(max_sequence_length)
         self.local_files_only = bool(local_files_only)
+        self.time_grid: TimeGrid = time_grid
+        self.shift = None if shift is None else float(shift)
         self.forward_count: int = 0
         """Transformer evaluations in batch rows (before CFG doubling), summed over :meth:`velocity` calls."""
         self._pipe: Any = None  # StableDiffusion3Pipeline (untyped for mypy)
@@ -140,6 +149,10 @@ class SD3Policy(Policy):
             return [*problems, f"model.init_args.pretrained: {e}"]
         if self.resolution > 0:
             problems.extend(f"model.init_args.resolution: {p}" for p in resolution_problems(directory, self.resolution))
+        if self.time_grid not in TIME_GRIDS:
+            problems.append(f"model.init_args.time_grid: must be one of {list(TIME_GRIDS)}, got {self.time_grid!r}")
+        if self.shift is not None and not self.shift > 0:
+            problems.append(f"model.init_args.shift: must be > 0 (or null for the scheduler's), got {self.shift}")
         return problems
 
     def setup(self, device: torch.device) -> None:
@@ -235,9 +248,15 @@ class SD3Policy(Policy):
     # ------------------------------------------------------------------------------------------------ policy
 
     def sigmas(self, num_steps: int) -> Tensor:
-        """The scheduler config's static-shift schedule (exactly ``FlowMatchEulerDiscreteScheduler.sigmas``)."""
+        """The recipe's time grid with the static shift (``shift``, else the scheduler config's).
+
+        With ``time_grid="diffusers"`` this is exactly ``FlowMatchEulerDiscreteScheduler.sigmas`` (so the Euler ODE
+        reproduces the pipeline); ``"shifted-linspace"`` is DanceGRPO's and MixGRPO's grid
+        (:func:`rlpost.ops.schedules.time_grid_sigmas`).
+        """
         cfg = self.pipe.scheduler.config
-        return sd3_sigmas(num_steps, float(cfg.shift), int(cfg.num_train_timesteps)).to(self.device)
+        shift = float(cfg.shift) if self.shift is None else self.shift
+        return time_grid_sigmas(self.time_grid, num_steps, shift, int(cfg.num_train_timesteps)).to(self.device)
 
     def initial_noise(self, num: int, generator: torch.Generator) -> Tensor:
         """``[num, C, H/f, W/f]`` fp32 noise drawn on the generator's device (as diffusers' ``randn_tensor``)."""

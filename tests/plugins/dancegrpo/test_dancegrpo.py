@@ -16,15 +16,21 @@ from tests.unit.components.chain_helpers import (
 
 def test_plan_trains_a_random_subset_per_sample() -> None:
     sampler = DanceGRPOSampler(num_steps=10, timestep_fraction=0.6)
-    assert sampler.eligible_steps == 9 and sampler.train_steps == 5  # last step is the ODE step to x̂0
+    # The step into the last nonzero level and the last step are ODE steps by default.
+    assert sampler.eligible_steps == 8 and sampler.train_steps == 4
     plan = sampler.plan(torch.linspace(1, 0, 11), 64, torch.Generator().manual_seed(0))
-    assert plan.step_kernel == [0] * 9 + [1]
-    assert torch.equal(plan.trainable.sum(1), torch.full((64,), 5))
-    assert not plan.trainable[:, -1].any()
+    assert plan.step_kernel == [0] * 8 + [1, 1] and not plan.decode_x0
+    assert torch.equal(plan.trainable.sum(1), torch.full((64,), 4))
+    assert not plan.trainable[:, -2:].any()
     assert len({tuple(row.tolist()) for row in plan.trainable}) > 1  # subsets differ between samples
+    upstream = DanceGRPOSampler(num_steps=10, timestep_fraction=0.6, penultimate_step="sde")
+    upstream_plan = upstream.plan(torch.linspace(1, 0, 11), 4, torch.Generator())
+    assert upstream.train_steps == 5 and upstream_plan.step_kernel == [0] * 9 + [1]
     sde = DanceGRPOSampler(num_steps=10, timestep_fraction=0.6, final_step="sde")
-    assert sde.train_steps == 6 and sde.plan(torch.linspace(1, 0, 11), 4, torch.Generator()).step_kernel == [0] * 10
-    assert DanceGRPOSampler(num_steps=10, timestep_fraction=0.6, final_step="sde", ignore_last=True).train_steps == 5
+    sde_plan = sde.plan(torch.linspace(1, 0, 11), 64, torch.Generator())
+    assert sde.train_steps == 5 and sde_plan.step_kernel == [0] * 8 + [1, 0] and sde_plan.decode_x0
+    assert not sde_plan.trainable[:, -2].any() and sde_plan.trainable[:, -1].any()  # the hole at T-2 is skipped
+    assert DanceGRPOSampler(num_steps=10, timestep_fraction=0.6, final_step="sde", ignore_last=True).train_steps == 4
 
 
 def test_validate_names_fields() -> None:
@@ -48,7 +54,9 @@ def test_rollout_counts_ratio_and_shared_noise(make_sd3_policy) -> None:
     final = rollout.states[rollout.sample_node]
     assert not torch.equal(final[0], final[1])  # SDE noise makes the chains of a group differ
     sde = DanceGRPOSampler(num_steps=3, timestep_fraction=1.0, final_step="sde", init_same_noise=False)
-    check_rollout_contract(sde, policy, groups=1, per_group=2, seed=3)
+    sde_rollout = check_rollout_contract(sde, policy, groups=1, per_group=2, seed=3)
+    # The sampled last step is not decoded: the image is upstream's x̂0, not the sampled final state.
+    assert not torch.equal(sde_rollout.images, policy.decode(sde_rollout.states[sde_rollout.sample_node]))
 
 
 def test_two_iterations_end_to_end(tiny_sd3_dir, tmp_path) -> None:
