@@ -131,6 +131,10 @@ class SD3Policy(Policy):
             problems.append(f"model.init_args.max_sequence_length: must be >= 1, got {self.max_sequence_length}")
         if self.lora is not None:
             problems.extend(self.lora.problems("model.init_args.lora"))
+        if self.time_grid not in TIME_GRIDS:
+            problems.append(f"model.init_args.time_grid: must be one of {list(TIME_GRIDS)}, got {self.time_grid!r}")
+        if self.shift is not None and not self.shift > 0:
+            problems.append(f"model.init_args.shift: must be > 0 (or null for the scheduler's), got {self.shift}")
         try:
             tiny = parse_tiny_id(self.pretrained)
         except ValueError as e:
@@ -149,10 +153,6 @@ class SD3Policy(Policy):
             return [*problems, f"model.init_args.pretrained: {e}"]
         if self.resolution > 0:
             problems.extend(f"model.init_args.resolution: {p}" for p in resolution_problems(directory, self.resolution))
-        if self.time_grid not in TIME_GRIDS:
-            problems.append(f"model.init_args.time_grid: must be one of {list(TIME_GRIDS)}, got {self.time_grid!r}")
-        if self.shift is not None and not self.shift > 0:
-            problems.append(f"model.init_args.shift: must be > 0 (or null for the scheduler's), got {self.shift}")
         return problems
 
     def setup(self, device: torch.device) -> None:
