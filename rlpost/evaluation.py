@@ -24,8 +24,9 @@ advantages, updates) ever sees them.
 Results go to ``eval.jsonl`` (one line per evaluation: means and per-prompt scores), ``eval.md`` (markdown tables,
 one per set, regenerated each time) and captioned grids ``eval/step_N.png`` (``eval/<set>/step_N.png`` with sets).
 The sampler here is deliberately tiny and shared with ``rlpost sample``: initial noise from the policy, then
-``EulerODE`` steps along ``policy.sigmas``, then decode, which is exactly what ``StableDiffusion3Pipeline.__call__``
-does for the SD3 adapter.
+``EulerODE`` steps along ``policy.sigmas``, then decode, which is what ``StableDiffusion3Pipeline.__call__`` does for
+the SD3 adapter on its default grid. ``policy.sigmas`` is the run's one time grid (``model.init_args.time_grid``,
+``docs/models.md`` "Time grids"), so evaluation steps through the same noise levels as the training samplers.
 """
 
 from __future__ import annotations

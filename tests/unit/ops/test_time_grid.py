@@ -16,6 +16,7 @@ from rlpost.ops.schedules import (
     time_grid_sigmas,
     time_shift,
 )
+from tests.tolerances import assert_fp32_close
 
 
 @pytest.mark.parametrize("num_steps", [1, 2, 10, 16, 25])
@@ -29,7 +30,7 @@ def test_shifted_linspace_is_the_shifted_uniform_grid(num_steps: int, shift: flo
     expected = torch.linspace(1, 0, num_steps + 1, dtype=torch.float64)
     assert torch.allclose(t, expected, atol=1e-6)
     if shift == 1.0:
-        assert torch.equal(s, torch.linspace(1, 0, num_steps + 1))
+        assert_fp32_close(s, torch.linspace(1, 0, num_steps + 1))
 
 
 def test_last_nonzero_levels_of_the_two_grids() -> None:
@@ -51,8 +52,8 @@ def test_clean_tail_is_the_steps_landing_below_the_last_noisy_level(num_steps: i
 
 
 def test_grid_by_name_and_unknown_names() -> None:
-    assert torch.equal(time_grid_sigmas("diffusers", 10, 3.0), sd3_sigmas(10, 3.0))
-    assert torch.equal(time_grid_sigmas("shifted-linspace", 10, 3.0), shifted_linspace_sigmas(10, 3.0))
+    assert_fp32_close(time_grid_sigmas("diffusers", 10, 3.0), sd3_sigmas(10, 3.0))
+    assert_fp32_close(time_grid_sigmas("shifted-linspace", 10, 3.0), shifted_linspace_sigmas(10, 3.0))
     for fn in (lambda: time_grid_sigmas("karras", 10, 3.0), lambda: clean_tail_steps("karras")):
         with pytest.raises(ValueError, match="diffusers"):
             fn()
@@ -62,11 +63,12 @@ def test_grid_by_name_and_unknown_names() -> None:
 
 def test_policy_sigmas_follow_the_time_grid_and_shift(make_sd3_policy: Callable[..., SD3Policy]) -> None:
     default = make_sd3_policy()
-    assert default.time_grid == "diffusers" and torch.equal(default.sigmas(10), sd3_sigmas(10, 3.0))
+    assert default.time_grid == "diffusers"
+    assert_fp32_close(default.sigmas(10), sd3_sigmas(10, 3.0))  # bit for bit: tests/unit/models/test_sd3.py
     linspace = make_sd3_policy(time_grid="shifted-linspace")
-    assert torch.equal(linspace.sigmas(10), shifted_linspace_sigmas(10, 3.0))  # shift 3 from the scheduler config
+    assert_fp32_close(linspace.sigmas(10), shifted_linspace_sigmas(10, 3.0))  # shift 3 from the scheduler config
     shifted = make_sd3_policy(time_grid="shifted-linspace", shift=1.0)
-    assert torch.equal(shifted.sigmas(4), torch.linspace(1, 0, 5))
+    assert_fp32_close(shifted.sigmas(4), torch.linspace(1, 0, 5))
 
 
 def test_policy_validation_names_the_fields() -> None:
