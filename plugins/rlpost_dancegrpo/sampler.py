@@ -30,6 +30,7 @@ from torch import Tensor
 from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
 from rlpost.components.chain import (
     ChainPlan,
+    last_steps_kernels,
     random_step_subset,
     run_chains,
     shared_or_independent_noise,
@@ -91,12 +92,7 @@ class DanceGRPOSampler(Sampler):
     @property
     def step_kinds(self) -> list[int]:
         """Kernel index per step: 0 (DanceGRPO's SDE) or 1 (Euler ODE) for the last two steps as configured."""
-        kinds = [0] * self.num_steps
-        if self.penultimate_step == "ode" and self.num_steps >= 2:
-            kinds[-2] = 1
-        if self.final_step == "ode":
-            kinds[-1] = 1
-        return kinds
+        return last_steps_kernels(self.num_steps, self.penultimate_step, self.final_step)
 
     @property
     def eligible(self) -> list[int]:

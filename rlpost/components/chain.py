@@ -28,6 +28,7 @@ __all__ = [
     "ChainPlan",
     "broadcast_to_edges",
     "edge_sample_ids",
+    "last_steps_kernels",
     "node_sample_ids",
     "random_step_subset",
     "run_chains",
@@ -90,6 +91,18 @@ def shared_or_independent_noise(
     if shared:
         return policy.initial_noise(num_groups, generator).repeat_interleave(samples_per_group, dim=0)
     return policy.initial_noise(num_groups * samples_per_group, generator)
+
+
+def last_steps_kernels(num_steps: int, penultimate_step: str, final_step: str) -> list[int]:
+    """Kernel index per step for chain samplers with an SDE (index 0) and an Euler ODE (index 1): SDE everywhere
+    except the last two steps, each ``"ode"`` or ``"sde"`` as configured (the step into the grid's last nonzero level
+    and the step to 0; docs/models.md "Time grids" says why they are deterministic by default)."""
+    kinds = [0] * num_steps
+    if penultimate_step == "ode" and num_steps >= 2:
+        kinds[-2] = 1
+    if final_step == "ode":
+        kinds[-1] = 1
+    return kinds
 
 
 def random_step_subset(
