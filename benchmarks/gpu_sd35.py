@@ -14,7 +14,8 @@ Speed does not depend on weight values. The three text encoders keep SD3.5's out
 T5 4096, so the transformer sees the same 77 + 256 = 333 context tokens) but only one layer each: prompt embeddings
 are computed once per prompt and cached by the policy, so encoder depth never enters an iteration's time.
 
-Shared settings (paper where it speaks, algorithms.md §2.5/§9): NFE 10, CFG 4.5, LoRA rank 64 on the transformer
+Shared settings (arXiv 2512.08153, Sec. "Experiments", where it speaks; otherwise our choices, reported in
+docs/benchmarks.md): NFE 10, CFG 4.5, LoRA rank 64 on the transformer
 (four 2.5B models with full AdamW state do not fit one GPU side by side; forward/backward cost is the same as full
 fine-tuning up to the adapter), gradient checkpointing, AdamW lr 1e-5 wd 0.01, clip 1e-4, one optimizer step per
 rollout. TreeGRPO k=3, d=3, r=0.5; DanceGRPO group 12, eta 0.3, timestep fraction 0.6; MixGRPO window 2 (4 of 25

@@ -15,10 +15,12 @@ Layout of one checkpoint (``<run>/checkpoints/step_000004/``)::
 
 A checkpoint is written into a hidden temporary directory and renamed into place only after its manifest is on disk,
 so a save killed midway never replaces the last good checkpoint, and :func:`list_checkpoints` ignores any directory
-without a manifest (torchtune's ``get_largest_iter_folder`` picks by name alone, ecosystem.md 3.1).
+without a manifest (torchtune's ``get_largest_iter_folder`` picks by name alone: ``pytorch/torchtune``
+``torchtune/training/checkpointing/_utils.py``@67287e2).
 
 No pickle anywhere: metadata is JSON, tensors are safetensors; :func:`load_tensor_file` reads legacy ``.pt``/``.bin``
-files with ``torch.load(weights_only=True)`` only (ecosystem.md 3.6).
+files with ``torch.load(weights_only=True)`` only: plain ``torch.load``
+unpickles arbitrary objects, which can run code (``docs/checkpoints.md``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Non-finite guards: rewards, advantages, log-probs, losses and gradients are checked where they arise.
 
-The recipe's ``guards.on_nonfinite`` decides what happens (ecosystem.md 3.4):
+The recipe's ``guards.on_nonfinite`` decides what happens (``docs/design.md``, "Guards"):
 
 * ``skip``: the offending sample or step is left out and counted (``guard/nonfinite_<what>``); training continues.
   Non-finite rewards skip the whole step's update (advantages of a group would otherwise be poisoned); non-finite

@@ -1,6 +1,7 @@
 """DanceGRPO's sampler (Xue et al. 2025, ``XueZeyue/DanceGRPO`` ``fastvideo/train_grpo_flux.py``), ported to the
 rlpost chain core: SDE chains with DanceGRPO's step at every step, a shared initial noise per group and a per-sample
-random subset of steps to train (algorithms.md 4.2-4.4).
+random subset of steps to train (upstream at 15cc71d; hyper-parameters in ``scripts/finetune/finetune_flux_grpo.sh``;
+arXiv 2505.07818).
 
 Time grid and last steps. Upstream (``fastvideo/train_grpo_flux.py``@15cc71d, ``run_sample_step``) samples every
 step of the shifted-linspace grid ``time_shift(linspace(1, 0, T+1))`` (last nonzero level ``shift(1/T)``, 0.25 for
@@ -152,7 +153,8 @@ class DanceGRPOSampler(Sampler):
         """Kernels per step and each sample's random trained subset (drawn from ``generator``)."""
         t = self.num_steps
         eligible = self.eligible
-        # Per sample: a random permutation of the eligible steps, keep its first train_steps (algorithms.md 4.3.7).
+        # Per sample: a random permutation of the eligible steps, keep its first train_steps
+        # (upstream timestep_fraction).
         subset = random_step_subset(num_samples, len(eligible), len(eligible), self.train_steps, generator)
         trainable = torch.zeros((num_samples, t), dtype=torch.bool)
         trainable[:, eligible] = subset

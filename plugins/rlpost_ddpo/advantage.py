@@ -1,5 +1,5 @@
-"""DDPO's per-prompt reward normalisation (``kvablack/ddpo-pytorch`` ``ddpo_pytorch/stat_tracking.py``,
-algorithms.md 7.3), restated.
+"""DDPO's per-prompt reward normalisation (``kvablack/ddpo-pytorch`` ``ddpo_pytorch/stat_tracking.py``@1958463),
+restated.
 
 For each prompt the tracker keeps a FIFO buffer of its last ``buffer_size`` rewards. At every step, for each
 distinct prompt of the batch, the prompt's new rewards are appended to its buffer *first*; then::

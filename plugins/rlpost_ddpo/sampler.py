@@ -1,10 +1,11 @@
 """DDPO's sampler (Black et al. 2023, ``kvablack/ddpo-pytorch`` ``scripts/train.py``) ported to rectified flow.
 
-DDPO samples with DDIM at ``η = 1`` and trains on every step (``timestep_fraction 1.0``; algorithms.md 7.1-7.4).
-SD3.5 is a flow model, so the stochastic step is Flow-GRPO's SDE (algorithms.md 5.2, noise level ``a``), the port
-TreeGRPO's DDPO baseline needs (algorithms.md 7.5, [inferred]). There are no shared initial noises and no groups in
-DDPO: every image is an independent chain, and the advantage comes from the per-prompt stat tracker
-(:mod:`rlpost_ddpo.advantage`).
+DDPO samples with DDIM at ``η = 1`` and trains on every step (``timestep_fraction 1.0``;
+``ddpo_pytorch/diffusers_patch/ddim_with_logprob.py``, ``config/base.py``@1958463; arXiv 2305.13301). SD3.5 is a flow
+model, so the stochastic step is Flow-GRPO's SDE (noise level ``a``), our port for TreeGRPO's DDPO baseline, which the
+TreeGRPO paper does not describe (``docs/design.md``, "Choices where the sources are silent"). There are no shared
+initial noises and no groups in DDPO: every image is an independent chain, and the advantage comes from the
+per-prompt stat tracker (:mod:`rlpost_ddpo.advantage`).
 
 Last steps and time grid. DDPO's DDIM step (η = 1) draws its noise from the DDPM posterior, whose std never exceeds
 the noise level of the state it lands on, so DDPO's images hold at most the last level's noise

@@ -1,12 +1,12 @@
 """MixGRPO's sampler (Li et al. 2025, ``Tencent-Hunyuan/MixGRPO`` ``fastvideo/utils/sampling_utils.py:
-run_sample_step``; algorithms.md 6.2-6.4) on the rlpost chain core.
+run_sample_step``@e5cdd6a; arXiv 2507.21802) on the rlpost chain core.
 
 Each chain runs the ODE outside a sliding window and Flow-GRPO's SDE (``--flow_grpo_sampling``, noise level
-``a = 0.7``, algorithms.md 5.2/6.3) inside it; only window steps are trained. The window moves across iterations
-(:class:`~rlpost_mixgrpo.window.WindowScheduler`), advanced in :meth:`MixGRPOSampler.begin_step` once per training
-step, so every rollout of a step (one per prompt group under ``distributed``) uses the same window. MixGRPO-Flash
-replaces the ODE steps after the window by fewer steps of multistep DPM-Solver++ (order 2) on a fresh time-shifted
-schedule (algorithms.md 6.4):
+``a = 0.7``, ``flow_grpo_step`` in the same file) inside it; only window steps are trained. The window moves across
+iterations (:class:`~rlpost_mixgrpo.window.WindowScheduler`), advanced in :meth:`MixGRPOSampler.begin_step` once per
+training step, so every rollout of a step (one per prompt group under ``distributed``) uses the same window.
+MixGRPO-Flash replaces the ODE steps after the window by fewer steps of multistep DPM-Solver++ (order 2) on a fresh
+time-shifted schedule (``dpm_step``, same file):
 ``R = T - end`` remaining steps become ``max(1, floor(R · compress_ratio))`` steps from ``σ_end`` to 0.
 
 The last step always lies outside the window (windows end before ``T - 2``), so it is deterministic and lands on
@@ -44,7 +44,7 @@ def compressed_tail(sigma_end: float, remaining: int, compress_ratio: float, shi
     """MixGRPO-Flash's post-window schedule: ``max(1, floor(remaining · ratio))`` steps from ``sigma_end`` to 0.
 
     The unshifted time of ``sigma_end`` (inverse of ``σ = s·t / (1 + (s-1)·t)``) is spaced linearly to 0 and
-    shifted again (algorithms.md 6.4), so the tail has the model's time-shift profile.
+    shifted again, as upstream ``run_sample_step`` does, so the tail has the model's time-shift profile.
 
     Returns:
         ``[n + 1]`` fp32 noise levels, ``[0] == sigma_end`` and ``[-1] == 0``.

@@ -1,5 +1,5 @@
-"""MixGRPO's sliding-window scheduler (``Tencent-Hunyuan/MixGRPO`` ``fastvideo/utils/grpo_states.py``,
-``training_strategy="part"``; algorithms.md 6.2), restated.
+"""MixGRPO's sliding-window scheduler (``Tencent-Hunyuan/MixGRPO`` ``fastvideo/utils/grpo_states.py``@e5cdd6a,
+``training_strategy="part"``), restated.
 
 The window is ``w`` consecutive schedule steps ``[start, start + w)`` that use the SDE and are trained; every other
 step is an ODE step. Windows live in ``[0, limit)`` with ``limit = T - 2`` by default (upstream's

@@ -1,6 +1,6 @@
 """TreeGRPO advantages: per-prompt leaf z-scores backed up leaf → root with softmax(log π_old) weights.
 
-TreeGRPO (algorithms.md §2.3):
+TreeGRPO (Ding & Ye, arXiv 2512.08153, Sec. "Method"):
 
 1. Leaf advantage ``A(ℓ)``: the leaf's reward z-scored within its prompt's leaves (all trees of that prompt).
    Several rewards are mixed by :func:`rlpost.ops.reward_mixing.mix_rewards`; the paper's 0.8 HPS : 0.2 CLIP mix is
@@ -116,7 +116,7 @@ def _common_metrics(rollout: Rollout, scores: RewardScores, leaf: Tensor, edges:
 
 
 class TreeBackupAdvantage(AdvantageEstimator):
-    """TreeGRPO's leaf-to-root advantage backup (algorithms.md §2.3).
+    """TreeGRPO's leaf-to-root advantage backup (arXiv 2512.08153, Sec. "Method").
 
     Args:
         temperature: ``τ`` in ``w_u(e) = softmax(log π_old(e) / τ)``. The log-prob scale is the sampler's

@@ -1,4 +1,5 @@
-"""TreeGRPO's tree sampler: an ODE trunk, one ``k``-ary SDE window of depth ``d``, ODE tails (algorithms.md §2.2).
+"""TreeGRPO's tree sampler: an ODE trunk, one ``k``-ary SDE window of depth ``d``, ODE tails (Ding & Ye,
+arXiv 2512.08153, Sec. "Method").
 
 Per prompt group and tree, with schedule ``σ_0 = 1 > … > σ_T = 0`` and window start ``i``:
 
@@ -67,11 +68,11 @@ class TreeSampler(Sampler):
         roll_back: ``window: progressive``: after the last start ``T-d-1``, restart at 0 (``null`` = true) instead of
             staying there.
         kernel: SDE kernel inside the window (``"flow-sde"``, ``"dance-sde"`` or ``"cps"``); the paper does not
-            name its SDE, Flow-GRPO's is the default (algorithms.md §2.6).
+            name its SDE, Flow-GRPO's is the default (``docs/design.md``, "Choices where the sources are silent").
         kernel_args: Constructor arguments of ``kernel`` (e.g. ``{noise_level: 0.7}`` for flow-sde, ``{eta: 0.3}``
             for dance-sde); ``null`` uses the kernel's defaults.
         logprob_reduction: ``"mean"`` (per-element mean, every anchor codebase) or ``"sum"`` over latent elements;
-            it sets both the PPO ratio and the backup softmax's sharpness (algorithms.md §2.6).
+            it sets both the PPO ratio and the backup softmax's sharpness (``docs/models.md``, "Log-prob reduction").
         trees_per_prompt: Trees (independent initial noises) per prompt group; leaves of all trees of a prompt form
             one normalisation group.
         chunk_size: Maximum rows per transformer forward and per VAE decode (a memory budget; results do not
@@ -281,7 +282,7 @@ class TreeSampler(Sampler):
             f = x.shape[0]
             sigma = sigmas[t].to(device).expand(f)
             sigma_next = sigmas[t + 1].to(device).expand(f)
-            # One forward per frontier node, inside and outside the window (TreeGRPO §2.2, algorithms.md §2.3).
+            # One forward per frontier node, inside and outside the window (arXiv 2512.08153, Sec. "Method").
             v = frontier_velocity(policy, x, sigma, cond, groups, self.chunk_size)
             forwards += f
             if start <= t < start + depth:

@@ -3,8 +3,10 @@
 All three algorithms draw ``samples_per_group`` independent denoising chains per prompt group; they differ only in a
 *per-step plan*: which step kernel runs at each schedule index (SDE, ODE, DPM-Solver++), which edges may be trained
 (every step, a per-sample random subset, a sliding window) and whether a group shares its initial noise. This module
-runs such a plan batched over every chain of the batch (algorithms.md 4.3, 5.4, 6.2) and records one node per chain
-per noise level and one edge per transition with :class:`~rlpost.sampling.RolloutBuilder`.
+runs such a plan batched over every chain of the batch and records one node per chain per noise level and one edge per
+transition with :class:`~rlpost.sampling.RolloutBuilder`. The plans restate ``XueZeyue/DanceGRPO``
+``fastvideo/train_grpo_flux.py``@15cc71d, ``yifan123/flow_grpo`` ``scripts/train_sd3_fast.py``@74db691 (random SDE
+window) and ``Tencent-Hunyuan/MixGRPO`` ``fastvideo/utils/grpo_states.py``@e5cdd6a (sliding window).
 
 A chain rollout is a forest in which every node has at most one child, so advantage estimators recover "which sample
 does this edge lead to" from the edge table alone (:func:`edge_sample_ids`), without a sampler-private side table.
@@ -87,7 +89,7 @@ def shared_or_independent_noise(
     policy: Policy, num_groups: int, samples_per_group: int, generator: torch.Generator, shared: bool
 ) -> Tensor:
     """Initial noise for ``G·K`` chains, group-major: one draw per group repeated ``K`` times when ``shared``
-    (DanceGRPO's ``--init_same_noise``, algorithms.md 4.3), else one draw per chain."""
+    (DanceGRPO's ``--init_same_noise``, ``fastvideo/train_grpo_flux.py``@15cc71d), else one draw per chain."""
     if shared:
         return policy.initial_noise(num_groups, generator).repeat_interleave(samples_per_group, dim=0)
     return policy.initial_noise(num_groups * samples_per_group, generator)
@@ -110,8 +112,9 @@ def random_step_subset(
 ) -> Tensor:
     """``[S, T]`` bool: each sample trains ``num_train`` of the first ``eligible`` steps, its own random choice.
 
-    Restates DDPO/DanceGRPO's per-sample timestep subset (algorithms.md 4.3 item 7, 7.2): every sample draws a
-    random permutation of its eligible steps and keeps the first ``num_train``. Drawn from ``generator``.
+    Restates DDPO/DanceGRPO's per-sample timestep subset (``timestep_fraction`` in ``kvablack/ddpo-pytorch``
+    ``scripts/train.py``@1958463 and ``XueZeyue/DanceGRPO`` ``fastvideo/train_grpo_flux.py``@15cc71d): every sample
+    draws a random permutation of its eligible steps and keeps the first ``num_train``. Drawn from ``generator``.
     """
     order = torch.rand((num_samples, eligible), generator=generator).argsort(dim=1)[:, :num_train]
     trainable = torch.zeros((num_samples, num_steps), dtype=torch.bool)
@@ -171,7 +174,8 @@ def run_chains(
         kernel_index = plan.step_kernel[i]
         kernel = plan.kernels[kernel_index]
         if kernel is None:
-            # Multistep DPM-Solver++ (2M): order 2 from the second step of the tail on (algorithms.md 6.4).
+            # Multistep DPM-Solver++ (2M): order 2 from the second step of the tail on
+            # (Tencent-Hunyuan/MixGRPO fastvideo/utils/sampling_utils.py@e5cdd6a).
             x_next, x0 = dpm_solver_pp2_step(x, v, sigma, sigma_next, prev_sigma, prev_x0)
             prev_sigma, prev_x0 = sigma, x0
             log_prob = torch.full((s,), math.nan)

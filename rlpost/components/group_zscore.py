@@ -1,6 +1,7 @@
 """Group-relative (GRPO) advantages for chain samplers: DanceGRPO, MixGRPO and Flow-GRPO-style runs.
 
-Per prompt group ``g`` and sample ``j`` (algorithms.md 1.4)::
+Per prompt group ``g`` and sample ``j`` (``XueZeyue/DanceGRPO`` ``fastvideo/train_grpo_flux.py``@15cc71d;
+``yifan123/flow_grpo`` ``flow_grpo/stat_tracking.py``@ac4c86e)::
 
     A_j = (R_j - mean_g(R)) / (std_g(R) + eps)          DanceGRPO: eps 1e-8, unbiased std (torch.std)
     A_j = (R_j - mean_g(R)) / (std_batch(R) + eps)      global_std (Flow-GRPO: std of all rewards, numpy ddof 0)

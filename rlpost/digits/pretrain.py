@@ -4,7 +4,7 @@ The result is an ordinary diffusers pipeline directory (``save_pretrained``, saf
 ``SD3Policy(pretrained="assets/digits-sd3", resolution=16, max_sequence_length=8)`` loads through
 ``StableDiffusion3Pipeline.from_pretrained``. See ``docs/digits.md`` for the design; in short:
 
-* **Transformer**: ``SD3Transformer2DModel``, 4 joint blocks, 4 heads x 32 (feasibility.md section 6), but patch 4
+* **Transformer**: ``SD3Transformer2DModel``, 4 joint blocks, 4 heads x 32, but patch 4
   on 16x16x1 -> 16 image tokens (each covers 2x2 pixels of the 8x8 source digit), trained from scratch with
   rectified flow matching. Patch 4 instead of 2 cuts a step ~2.5x with the 24 text tokens (16 CLIP + 8 T5).
 * **VAE = identity**: an ``AutoencoderKL`` with one block (scale factor 1) and one latent channel whose weights are

@@ -1,14 +1,15 @@
 """Tiny, randomly initialised Stable Diffusion 3 pipelines with the *real* diffusers/transformers architecture.
 
 Tests, examples and CPU benchmarks need an SD3 model without downloading weights. :func:`build_tiny_sd3` builds a
-``StableDiffusion3Pipeline`` from small configs (feasibility.md §2.2, "config B": VAE scale factor 2, patch 2,
-``pos_embed_max_size`` small), with tokenizers made locally (feasibility.md §2.1 and Appendix A):
+``StableDiffusion3Pipeline`` from small configs (VAE scale factor 2, patch 2, ``pos_embed_max_size`` small, so the
+positional-embedding buffer does not dominate the file), with tokenizers made locally:
 
 * CLIP: a real byte-level BPE from open_clip's bundled ``bpe_simple_vocab_16e6.txt.gz`` (first ``clip_merges`` merges).
 * T5: a Unigram tokenizer built from a vocabulary defined here (transformers 5's ``T5Tokenizer(vocab=...)``).
 
 Every module is put in ``eval()`` mode before saving: modules built in code start in train mode and CLIP/T5 dropout
-would then make outputs differ from the same pipeline loaded back with ``from_pretrained`` (feasibility.md §2.2).
+would then make outputs differ from the same pipeline loaded back with ``from_pretrained`` (which loads in eval mode;
+``tests/unit/models/test_tiny.py`` checks that the saved modules load in eval mode).
 The result is written with ``save_pretrained`` so callers load it through the production ``from_pretrained`` path.
 
 Command line::
@@ -56,7 +57,7 @@ def write_clip_tokenizer_files(out_dir: Path, num_merges: int | None = 1000) -> 
     """Write ``vocab.json`` and ``merges.txt`` of a CLIP BPE tokenizer from open_clip's bundled merges.
 
     Vocabulary order (as in openai/clip-vit-large-patch14): 256 byte symbols, the same with ``</w>``, one token per
-    merge, then ``<|startoftext|>`` and ``<|endoftext|>`` (feasibility.md Appendix A).
+    merge, then ``<|startoftext|>`` and ``<|endoftext|>``.
 
     Args:
         out_dir: Directory to write into (created).

@@ -1,11 +1,13 @@
 """Step kernels: one denoising transition ``x_σ -> x_σ'`` of a rectified-flow model, as pure tensor math.
 
 A kernel turns the model's velocity ``v ≈ ε - x0`` at noise level ``σ`` into the next state at ``σ' < σ``. Stochastic
-kernels define a Gaussian policy ``π(x' | x) = N(μ, s² I)`` (algorithms.md §1.2) and score the sampled action with
+kernels define a Gaussian policy ``π(x' | x) = N(μ, s² I)`` (as in
+Flow-GRPO's ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``@ac4c86e) and score the sampled action with
 :meth:`StepKernel.log_prob`; samplers call that *same* method at rollout and when recomputing log-probs for the
 importance ratio, so the two cannot drift apart (DanceGRPO issue #87).
 
-Conventions shared by every kernel (algorithms.md §1.1):
+Conventions shared by every kernel (the rectified flow of SD3, Esser et al. 2024, arXiv 2403.03206; diffusers
+``schedulers/scheduling_flow_match_euler_discrete.py``):
 
 * ``x_σ = (1-σ)·x0 + σ·ε``; clean estimate ``x̂0 = x - σ·v``; noise estimate ``x̂1 = x + (1-σ)·v``.
 * ``sigma`` and ``sigma_next`` are ``[B]`` tensors (one noise level per row, so a batch may mix steps); ``dt = σ' - σ``
@@ -14,7 +16,7 @@ Conventions shared by every kernel (algorithms.md §1.1):
   (``sd3_sde_with_logprob.py``); keeping fp32 here means a bf16 transformer still yields fp32 log-probs.
 * Log-probs are reduced over every non-batch dimension, by ``"mean"`` (the convention of every anchor codebase) or
   ``"sum"`` (the true log-density of the whole latent). See ``docs/models.md`` for why the choice matters for the
-  TreeGRPO backup (algorithms.md §2.6).
+  TreeGRPO backup.
 
 The formulas are restated from the sources cited at each kernel; no upstream code is copied.
 """
@@ -64,7 +66,7 @@ def _per_row(sigma: Tensor, ndim: int) -> Tensor:
 def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, reduction: LogProbReduction = "mean") -> Tensor:
     """Log-density of ``x`` under ``N(mean, std² I)``, reduced over all non-batch dimensions.
 
-    ``log N(x; μ, s²) = -(x-μ)²/(2s²) - log s - ½ log 2π`` per element (algorithms.md §1.2), computed and reduced in
+    ``log N(x; μ, s²) = -(x-μ)²/(2s²) - log s - ½ log 2π`` per element, computed and reduced in
     fp64: a ``sum`` over an SD3.5 latent (~65k elements) reaches 1e4-6e4, where one fp32 ulp (1e-3-4e-3) already
     exceeds the PPO clip range of 1e-4, so fp32 storage alone would make an unchanged policy's ratio differ from 1.
 
@@ -180,7 +182,8 @@ class StepKernel(ABC):
 
 
 class EulerODE(StepKernel):
-    """Deterministic Euler step of the probability-flow ODE: ``x' = x + (σ'-σ)·v`` (algorithms.md §1.1).
+    """Deterministic Euler step of the probability-flow ODE: ``x' = x + (σ'-σ)·v`` (diffusers
+    ``FlowMatchEulerDiscreteScheduler.step``).
 
     This is exactly diffusers' ``FlowMatchEulerDiscreteScheduler.step``; ``std`` is zero and ``log_prob`` NaN.
     """
@@ -195,9 +198,10 @@ class EulerODE(StepKernel):
 
 
 class FlowGRPOSDE(StepKernel):
-    """Flow-GRPO's SDE step (Liu et al. 2025, eq. 9-10; ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``).
+    """Flow-GRPO's SDE step (Liu et al. 2025, arXiv 2505.05470, eq. 9-10).
 
-    With ``dt = σ' - σ`` (algorithms.md §5.2)::
+    Restated from ``yifan123/flow_grpo`` ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``@54809b5
+    (``sde_type="sde"``). With ``dt = σ' - σ``::
 
         σ_t = a · sqrt(σ / (1 - σ))                       (σ = 1 uses σ_max in the denominator only)
         μ   = x + dt · [ v + σ_t² / (2σ) · (x + (1-σ)·v) ]
@@ -238,7 +242,8 @@ class FlowGRPOSDE(StepKernel):
 class DanceGRPOSDE(StepKernel):
     """DanceGRPO's SDE step (``fastvideo/train_grpo_flux.py: flux_step``, same as MixGRPO's ``dance_grpo_step``).
 
-    With ``dt = σ' - σ`` and ``x̂0 = x - σ·v`` (algorithms.md §4.2)::
+    With ``dt = σ' - σ`` and ``x̂0 = x - σ·v`` (``XueZeyue/DanceGRPO``
+    ``fastvideo/train_grpo_flux.py``@15cc71d)::
 
         ŝ = -(x - (1-σ)·x̂0) / σ²            (score estimate)
         μ = x + dt · (v - ½ η² ŝ)
@@ -268,7 +273,8 @@ class DanceGRPOSDE(StepKernel):
 class CPSKernel(StepKernel):
     """Coefficients-preserving sampling (Flow-GRPO-Fast configs; ``sd3_sde_with_logprob.py``, ``sde_type="cps"``).
 
-    Re-noises the clean estimate so the next state keeps the interpolant's coefficients (algorithms.md §5.2)::
+    Re-noises the clean estimate so the next state keeps the interpolant's coefficients
+    (``yifan123/flow_grpo`` ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``@54809b5)::
 
         s  = σ' · sin(a·π/2)
         μ  = (1-σ')·x̂0 + sqrt(σ'² - s²)·x̂1,      x̂0 = x - σ·v,  x̂1 = x + (1-σ)·v
@@ -322,7 +328,7 @@ class CPSKernel(StepKernel):
 
 
 def _lambda(sigma: Tensor) -> Tensor:
-    """Half log-SNR of the rectified flow: ``λ = log α - log σ`` with ``α = 1-σ`` (algorithms.md §6.4)."""
+    """Half log-SNR of the rectified flow: ``λ = log α - log σ`` with ``α = 1-σ`` (Lu et al. 2022, arXiv 2211.01095)."""
     return torch.log(1.0 - sigma) - torch.log(sigma)
 
 
@@ -337,9 +343,9 @@ def dpm_solver_pp2_step(
     """One multistep DPM-Solver++ step (order 2, "midpoint"), data prediction, for a rectified flow.
 
     Lu et al. 2022 (DPM-Solver++, Alg. 2) in the flow parameterisation used by MixGRPO-Flash
-    (``fastvideo/train_grpo_flux.py`` DPM-Solver++ sampler; diffusers ``DPMSolverMultistepScheduler`` with
-    ``prediction_type="flow_prediction"``), algorithms.md §6.4. With ``α = 1-σ``, ``λ = log α - log σ``,
-    ``h = λ' - λ`` and ``x̂0 = x - σ·v``::
+    (``Tencent-Hunyuan/MixGRPO`` ``fastvideo/utils/sampling_utils.py``@e5cdd6a, ``dpm_step``; diffusers
+    ``DPMSolverMultistepScheduler`` with ``prediction_type="flow_prediction"``). With ``α = 1-σ``,
+    ``λ = log α - log σ``, ``h = λ' - λ`` and ``x̂0 = x - σ·v``::
 
         x' = (σ'/σ)·x - α'·(e^{-h} - 1)·x̂0                              (order 1 = DDIM)
            - ½·α'·(e^{-h} - 1)·D1,   D1 = (x̂0 - x̂0_prev)/r0,  r0 = h_prev/h   (order 2 correction)

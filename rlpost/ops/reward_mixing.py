@@ -2,8 +2,9 @@
 
 * ``"reward"`` mode: ``A = zscore_g(Σ_k w_k R_k)``: sum raw rewards, then normalise per prompt group (Flow-GRPO's
   ``multi_score`` weighted ``avg``; DanceGRPO issue #19's HPS:CLIP 0.7:1.4 is a raw-reward weighting).
-* ``"advantage"`` mode: ``A = Σ_k w_k zscore_g(R_k)``: normalise each reward per group, then weight (MixGRPO and
-  TreeGRPO, the latter with 0.8 HPS : 0.2 CLIP; algorithms.md 8.6). Rewards on very different scales (aesthetic
+* ``"advantage"`` mode: ``A = Σ_k w_k zscore_g(R_k)``: normalise each reward per group, then weight (MixGRPO's
+  ``advantage_aggr`` in ``Tencent-Hunyuan/MixGRPO`` ``fastvideo/train_grpo_flux.py``@e5cdd6a, and TreeGRPO, arXiv
+  2512.08153, Sec. "Experiments": 0.8 HPS : 0.2 CLIP). Rewards on very different scales (aesthetic
   ≈ 6, CLIP cosine ≈ 0.38) contribute by their weights rather than by their spread.
 
 Weights are used as given (not renormalised). Estimators written by others call these functions.

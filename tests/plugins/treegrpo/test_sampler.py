@@ -140,7 +140,7 @@ def test_rollout_is_reproducible_and_backup_runs(policies: dict[float, Any]) -> 
 def test_counts_expectation_and_worst_case() -> None:
     s = TreeSampler(num_steps=10, k=3, depth=3, ratio=0.5)
     c = s.counts(1, 1)
-    assert (c.images, c.trainable_edges, c.train_forwards) == (27, 39, 13)  # algorithms.md §2.5 ablation table
+    assert (c.images, c.trainable_edges, c.train_forwards) == (27, 39, 13)  # arXiv 2512.08153 tree-shape ablation
     assert c.rollout_forwards == s.rollout_forwards_at(0, 1) == 0 + 13 + 27 * 7
     expected = sum(p * s.rollout_forwards_at(i, 1) for i, p in enumerate(s.window_probs().tolist()))
     assert s.expected_rollout_forwards(1) == pytest.approx(expected)

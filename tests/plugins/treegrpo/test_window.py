@@ -12,7 +12,8 @@ from rlpost_treegrpo.window import draw_window_start, progressive_start, progres
 
 
 def test_geometric_formula_matches_paper_table() -> None:
-    # algorithms.md §2.2: T=10, d=3, r=0.5 -> 0.5^(i+1) / (1 - 0.5^7) for i = 0..6.
+    # arXiv 2512.08153, Sec. "Method" (truncated geometric window start).
+    # T=10, d=3, r=0.5 -> 0.5^(i+1) / (1 - 0.5^7) for i = 0..6.
     p = window_probs(10, 3, "geometric", 0.5)
     expected = torch.tensor([0.5 ** (i + 1) / (1 - 0.5**7) for i in range(7)], dtype=torch.float64)
     torch.testing.assert_close(p, expected)

@@ -112,7 +112,7 @@ def test_flow_grpo_formula_and_sigma_one() -> None:
     # Using sigma_max = 1 or sigma = 1 there instead divides by zero or moves the mean by O(1).
     assert_fp32_close(mean, mean2)
     assert_fp32_close(std, std2)
-    # independent restatement of algorithms.md 5.2 for the interior rows
+    # independent restatement of Flow-GRPO's SDE (arXiv 2505.05470, eq. 9-10) for the interior rows
     for i in (1, 2):
         si, sni = float(s[i]), float(sn[i])
         dt = sni - si
