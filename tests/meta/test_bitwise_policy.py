@@ -53,31 +53,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "tests/unit/digits/test_digits.py",
         "assert torch.equal(a, b)",
     ): "one-machine",
-    # time grids: the same schedule function called twice in one process (or shift 1 = the identity on linspace)
-    (
-        "tests/unit/ops/test_time_grid.py",
-        'assert torch.equal(s, torch.linspace(1, 0, num_steps + 1))',
-    ): "one-machine",
-    (
-        "tests/unit/ops/test_time_grid.py",
-        'assert torch.equal(time_grid_sigmas("diffusers", 10, 3.0), sd3_sigmas(10, 3.0))',
-    ): "one-machine",
-    (
-        "tests/unit/ops/test_time_grid.py",
-        'assert torch.equal(time_grid_sigmas("shifted-linspace", 10, 3.0), shifted_linspace_sigmas(10, 3.0))',
-    ): "one-machine",
-    (
-        "tests/unit/ops/test_time_grid.py",
-        'assert default.time_grid == "diffusers" and torch.equal(default.sigmas(10), sd3_sigmas(10, 3.0))',
-    ): "one-machine",
-    (
-        "tests/unit/ops/test_time_grid.py",
-        'assert torch.equal(linspace.sigmas(10), shifted_linspace_sigmas(10, 3.0))  # shift 3 from the scheduler config',
-    ): "one-machine",
-    (
-        "tests/unit/ops/test_time_grid.py",
-        'assert torch.equal(shifted.sigmas(4), torch.linspace(1, 0, 5))',
-    ): "one-machine",
     # integer / boolean tensors
     # EMA: a skipped update, a swap and a state round-trip copy tensors (no arithmetic between the two sides)
     (
