@@ -17,7 +17,7 @@ from rlpost.recipe import RecipeError, merge_sources, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = sorted((ROOT / "recipes" / "bench").glob("*.yaml"))
-TINY_ALGOS = {"treegrpo-paper", "dancegrpo", "mixgrpo", "ddpo"}
+TINY_ALGOS = {"treegrpo-paper", "treegrpo-code", "dancegrpo", "mixgrpo", "ddpo"}
 TINY_SEEDS = [0, 1]
 
 

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.weights_standins import standin_weights  # noqa: F401 - fixture
+
 RECIPE = "recipes/tiny/treegrpo.yaml"
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -104,8 +106,9 @@ def test_leaf_zscore_overlay_runs(tiny_sd3_dir: Path, tmp_path: Path, monkeypatc
 
 
 @pytest.mark.parametrize("overlay", sorted(p.name for p in (ROOT / "recipes" / "ablations").glob("treegrpo_*.yaml")))
-def test_ablation_overlays_validate(overlay: str, tiny_sd3_dir: Path, tmp_path: Path) -> None:
-    """Every TreeGRPO ablation overlay validates on the tiny recipe and on the SD3.5 recipe (no weights load)."""
+def test_ablation_overlays_validate(overlay: str, tiny_sd3_dir: Path, tmp_path: Path, standin_weights: Path) -> None:  # noqa: F811
+    """Every TreeGRPO ablation overlay validates on the tiny recipe and on the SD3.5 recipe (no weights load; the
+    SD3.5 weights and reward checkpoints are stood in, tests/weights_standins.py)."""
     from rlpost import cli
 
     tiny = ["--recipe", RECIPE, "--recipe", f"recipes/ablations/{overlay}", "--model.pretrained", str(tiny_sd3_dir)]
@@ -113,4 +116,5 @@ def test_ablation_overlays_validate(overlay: str, tiny_sd3_dir: Path, tmp_path: 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a cat\na dog\n")
     sd35 = ["--recipe", "recipes/treegrpo_sd35.yaml", "--recipe", f"recipes/ablations/{overlay}"]
-    assert cli.main(["validate", *sd35, "--prompts.path", str(prompts)]) == 0
+    sd35 += ["--prompts.path", str(prompts), "--eval.sets.hpdv2.init_args.path", str(prompts)]
+    assert cli.main(["validate", *sd35]) == 0
