@@ -29,6 +29,7 @@ from rich.table import Table
 
 from rlpost.checkpoint import CheckpointError
 from rlpost.guards import NonFiniteError
+from rlpost.plugin_errors import PluginRuntimeError
 from rlpost.plugins import PluginHost, get_host
 from rlpost.recipe import Recipe, RecipeError, build_parser, merge_sources, validate
 
@@ -231,6 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NonFiniteError as exc:
         print(f"rlpost {args[0]}: stopped by a non-finite guard: {exc}", file=sys.stderr)
         return 3
+    except PluginRuntimeError as exc:  # names distribution, plugin and component/hook: no traceback needed
+        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
+        return 4
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ The recipe's ``guards.on_nonfinite`` decides what happens (``docs/design.md``, "
   non-finite gradient never reaches the weights (both already enforced by the update rule and the backend).
 * ``stop``: the runner saves a checkpoint (weights are finite: nothing non-finite was applied) and raises
   :class:`NonFiniteError` naming what and where.
+
+A reward plugin that raises or returns the wrong length or type is handled the same way (:meth:`Guards.plugin_failed`):
+with ``skip`` the step's update is skipped and counted under ``guard/plugin_failures``; with ``stop`` the checkpoint
+is saved and the run fails with :class:`rlpost.plugin_errors.PluginRuntimeError` naming the distribution and reward.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+from rlpost.plugin_errors import PluginRuntimeError
 
 __all__ = ["GuardConfig", "Guards", "NonFiniteError"]
 
@@ -58,11 +64,19 @@ class Guards:
         self.counts: dict[str, float] = {}
         self.problems: list[str] = []
         self.skipped_steps = 0
+        self.plugin_errors: list[PluginRuntimeError] = []
 
     def begin_step(self) -> None:
         """Reset the per-step counters."""
         self.counts = {}
         self.problems = []
+        self.plugin_errors = []
+
+    def plugin_failed(self, error: PluginRuntimeError) -> None:
+        """Count a plugin component that failed this step (its step's update must be skipped)."""
+        self.counts["guard/plugin_failures"] = self.counts.get("guard/plugin_failures", 0.0) + 1.0
+        self.problems.append(str(error))
+        self.plugin_errors.append(error)
 
     def record(self, what: str, count: int, where: str) -> None:
         """Count ``count`` non-finite ``what`` values (``reward``, ``advantage``, ``logprob``, ``loss``, ``grad``)."""
@@ -87,6 +101,7 @@ class Guards:
     def metrics(self) -> dict[str, float]:
         """``guard/*`` counters of this step (every known counter, zeros included, so dashboards show flat lines)."""
         out = {f"guard/nonfinite_{w}": 0.0 for w in ("reward", "advantage", "logprob", "loss", "grad")}
+        out["guard/plugin_failures"] = 0.0
         out.update(self.counts)
         out["guard/skipped_steps"] = float(self.skipped_steps)
         return out
@@ -101,10 +116,19 @@ class Guards:
         limit = self.config.max_skipped_steps
         return limit > 0 and self.skipped_steps >= limit
 
-    def error(self, step: int) -> NonFiniteError:
-        """The error to raise when :meth:`should_stop` said so."""
+    def error(self, step: int) -> NonFiniteError | PluginRuntimeError:
+        """The error to raise when :meth:`should_stop` said so (a plugin failure first: it names the plugin)."""
         policy = self.config.on_nonfinite
         why = "" if policy == "stop" else f" (guards.max_skipped_steps={self.config.max_skipped_steps} reached)"
+        if self.plugin_errors:
+            first = self.plugin_errors[0]
+            return PluginRuntimeError(
+                first.distribution,
+                first.plugin,
+                first.where,
+                f"{first.problem} (step {step}; guards.on_nonfinite={policy}{why}: a checkpoint of the last good "
+                "weights was saved; set guards.on_nonfinite: skip to skip such steps instead)",
+            )
         return NonFiniteError(
             f"step {step}: " + "; ".join(self.problems) + f". guards.on_nonfinite={policy}{why}: a checkpoint of the "
             "last finite weights was saved; set guards.on_nonfinite: skip to leave such samples/steps out instead"

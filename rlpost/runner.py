@@ -44,6 +44,7 @@ from rlpost.export import load_trainable, trainable_weights, write_diffusers_art
 from rlpost.guards import Guards
 from rlpost.images import save_grid
 from rlpost.logging_ import MetricsLogger
+from rlpost.plugin_errors import PluginRuntimeError, call_hook, collect_state, component_origin
 from rlpost.plugins import PluginHost
 from rlpost.prompts import PromptStream
 from rlpost.recipe import Recipe, state_breaking_changes
@@ -222,18 +223,30 @@ class Runner:
         """
         rewards = self.recipe.rewards
         args = (rollout.images, rollout.sample_prompts, rollout.sample_metadata)
+
+        def run(reward: Any) -> Any:
+            try:
+                return reward.score(*args)
+            except Exception as exc:  # noqa: BLE001 - a plugin's failure becomes a guard event naming it
+                return exc
+
         if len(rewards) == 1:
-            results = [rewards[0].score(*args)]
+            results = [run(rewards[0])]
         else:
             with ThreadPoolExecutor(max_workers=len(rewards), thread_name_prefix="rlpost-reward") as pool:
-                results = [f.result() for f in [pool.submit(reward.score, *args) for reward in rewards]]
+                results = list(pool.map(run, rewards))
         scores = {}
+        n = rollout.num_samples
         for reward, raw in zip(rewards, results, strict=True):
+            problem = _reward_problem(raw, n)
+            if problem is not None:
+                # A failed reward counts like a non-finite one: NaN scores keep the step's bookkeeping shaped, the
+                # guards skip the update (``skip``) or save a checkpoint and stop naming the plugin (``stop``).
+                distribution, plugin = component_origin(self.host, "reward", reward)
+                self.guards.plugin_failed(PluginRuntimeError(distribution, plugin, f"reward {reward.name!r}", problem))
+                scores[reward.name] = torch.full((n,), float("nan"))
+                continue
             values = raw.float().cpu()
-            if values.shape != (rollout.num_samples,):
-                raise ValueError(
-                    f"reward {reward.name!r} returned shape {tuple(values.shape)}, expected ({rollout.num_samples},)"
-                )
             self.guards.finite_mask("reward", values, f"reward {reward.name!r}")
             scores[reward.name] = values
         return RewardScores(scores=scores, weights=dict(self.recipe.reward_weights))
@@ -241,23 +254,23 @@ class Runner:
     def step(self) -> dict[str, float]:
         """One training step; returns its metrics (identical on every rank)."""
         assert self.stream is not None and self.backend is not None, "call setup() first"
-        r, hook, t, shard = self.recipe, self.host.hook, {"start": time.perf_counter()}, self.shard
+        r, t, shard = self.recipe, {"start": time.perf_counter()}, self.shard
         self.guards.begin_step()
         batch = shard.next_batch(self.stream, r.run.groups_per_step, r.run.samples_per_group)
         with torch.no_grad():
             rollout = shard.rollout(r.sampler, r.model, batch, self.ctx.step)
         self._guard_log_probs(rollout)
         t["rollout"] = time.perf_counter()
-        hook.rlpost_after_rollout(run=self.ctx, rollout=rollout)
+        call_hook(self.host, "rlpost_after_rollout", run=self.ctx, rollout=rollout)
         scores = self.score(rollout)  # each rank scores its own samples
         t["reward"] = time.perf_counter()
-        hook.rlpost_after_rewards(run=self.ctx, rollout=rollout, scores=scores)
+        call_hook(self.host, "rlpost_after_rewards", run=self.ctx, rollout=rollout, scores=scores)
         view = shard.gather(rollout, scores, self.guards)  # whole groups of every rank (the rollout itself locally)
         adv_metrics: dict[str, float] = {}
         update: dict[str, float] = {}
         if not self.guards.tripped:  # a non-finite reward poisons its group's advantages: skip the update
             advantages = view.local(self._guard_advantages(r.advantage.estimate(view.rollout, view.scores)))
-            hook.rlpost_after_advantages(run=self.ctx, rollout=rollout, advantages=advantages)
+            call_hook(self.host, "rlpost_after_advantages", run=self.ctx, rollout=rollout, advantages=advantages)
             t["advantage"], adv_metrics = time.perf_counter(), advantages.metrics
             ctx = UpdateContext(
                 r.model,
@@ -280,7 +293,7 @@ class Runner:
         if self.logger is not None and self.ctx.step % r.run.log_every == 0:
             self.logger.log(self.ctx.step, metrics)
         self._maybe_grid(rollout, scores)
-        hook.rlpost_after_step(run=self.ctx, metrics=metrics)
+        call_hook(self.host, "rlpost_after_step", run=self.ctx, metrics=metrics)
         if self.guards.should_stop():
             self._stop_on_guard()
         return metrics
@@ -315,7 +328,7 @@ class Runner:
         error = self.guards.error(self.ctx.step)
         try:
             self.save_checkpoint(reason="guard-stop")
-        except CheckpointError as exc:
+        except (CheckpointError, PluginRuntimeError) as exc:
             raise error from exc
         raise error
 
@@ -361,8 +374,9 @@ class Runner:
         """
         assert self.stream is not None and self.backend is not None, "call setup() first"
         r = self.recipe
-        plugins: dict[str, Any] = {}
-        self.host.hook.rlpost_save_state(run=self.ctx, state=plugins)
+        # Checked per plugin before anything is written: a value that cannot be saved names its plugin and the
+        # last good checkpoint on disk stays as it is.
+        plugins = collect_state(self.host, "rlpost_save_state", self.ctx)
         rng: dict[str, Any] = {
             "rollout": self.rollout_gen.get_state(),
             "minibatch": self.minibatch_gen.get_state(),
@@ -419,7 +433,7 @@ class Runner:
         r.optimizer.load_state_dict(comps["optimizer"])
         for reward in r.rewards:
             reward.load_state_dict(comps["rewards"].get(reward.name, {}))
-        self.host.hook.rlpost_load_state(run=self.ctx, state=state["plugins"])
+        call_hook(self.host, "rlpost_load_state", run=self.ctx, state=state["plugins"])
 
     @contextlib.contextmanager
     def _published_weights(self, whole: bool = False) -> Iterator[None]:
@@ -533,7 +547,7 @@ class Runner:
     def run(self) -> list[dict[str, float]]:
         """Set up, run every step, and call ``rlpost_after_run`` with the final status (also on failure)."""
         self.setup()
-        self.host.hook.rlpost_before_run(run=self.ctx)
+        call_hook(self.host, "rlpost_before_run", run=self.ctx)
         status = "failed"
         try:
             if self.ctx.step == 0 and self.evaluator is not None:
@@ -550,8 +564,22 @@ class Runner:
                 self.rundir.write_summary(status, self.ctx.step, self.ctx.history)
             if self.logger is not None:
                 self.logger.close()
-            self.host.hook.rlpost_after_run(run=self.ctx, status=status)
+            call_hook(self.host, "rlpost_after_run", run=self.ctx, status=status)
         return self.ctx.history
+
+
+def _reward_problem(raw: Any, n: int) -> str | None:
+    """Why a reward's return value (or the exception it raised) is not ``n`` scores, or ``None`` when it is."""
+    if isinstance(raw, BaseException):
+        text = str(raw).strip().splitlines()
+        return f"raised {type(raw).__name__}" + (f": {text[0][:300]}" if text else "")
+    if not isinstance(raw, torch.Tensor):
+        return f"returned {type(raw).__name__}, expected a torch.Tensor of shape ({n},)"
+    if raw.shape != (n,):
+        return f"returned shape {tuple(raw.shape)}, expected ({n},)"
+    if not (raw.is_floating_point() or raw.dtype in (torch.int32, torch.int64, torch.bool)):
+        return f"returned dtype {raw.dtype}, expected real numbers"
+    return None
 
 
 def _as_tuple(obj: Any) -> Any:
