@@ -564,7 +564,13 @@ class Runner:
                 self.rundir.write_summary(status, self.ctx.step, self.ctx.history)
             if self.logger is not None:
                 self.logger.close()
-            call_hook(self.host, "rlpost_after_run", run=self.ctx, status=status)
+            try:
+                call_hook(self.host, "rlpost_after_run", run=self.ctx, status=status)
+            except PluginRuntimeError as exc:
+                if status == "completed":
+                    raise
+                # The run is already failing: its own error is the one to report; this one is a warning.
+                warnings.warn(f"{exc} (while the run was {status})", UserWarning, stacklevel=2)
         return self.ctx.history
 
 

@@ -65,6 +65,11 @@ class HookPlugin:
             raise KeyError("wandb_run")
 
     @hookimpl
+    def rlpost_after_run(self, run: Any, status: str) -> None:
+        if self.fail_hook:
+            raise RuntimeError("flush failed")
+
+    @hookimpl
     def rlpost_save_state(self, run: Any, state: dict[str, Any]) -> None:
         state["hookplugin"] = {"step": run.step, "seen": {1, 2} if self.bad_state and run.step > 1 else [1, 2]}
 
@@ -117,7 +122,10 @@ def test_failing_reward_stops_naming_plugin_under_stop_policy(tmp_path, mode, wh
 def test_raising_hook_names_its_plugin_and_keeps_last_checkpoint(tmp_path):
     host = _host(HookPlugin(fail_hook=True))
     runner = Runner(validate(_cfg(tmp_path, "stop"), host), host)
-    with pytest.raises(PluginRuntimeError, match=r"hook rlpost_after_step of plugin 'HookPlugin-2'.*KeyError") as info:
+    with (
+        pytest.warns(UserWarning, match=r"hook rlpost_after_run of plugin 'HookPlugin-2'.*while the run was failed"),
+        pytest.raises(PluginRuntimeError, match=r"hook rlpost_after_step of plugin 'HookPlugin-2'.*KeyError") as info,
+    ):
         runner.run()
     assert info.value.distribution == "<local>"
     (ckpt,) = list_checkpoints(tmp_path / "run")
