@@ -29,7 +29,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import importlib
+import inspect
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -387,25 +391,70 @@ def _resolve_component(value: Any, field_name: str, kind: str, host: PluginHost,
     return value
 
 
-def _check_with_parser(key: str, typ: Any, value: Any, problems: list[str]) -> Any:
-    """Type-check one section with jsonargparse; on failure record the message prefixed with the field name."""
+def _check_with_parser(key: str, typ: Any, value: Any, problems: list[str], where: str | None = None) -> Any:
+    """Type-check one section with jsonargparse; on failure record the message prefixed with the field name
+    (``where``, default ``key``). An unknown option is reported under its full field path with the nearest name."""
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument(f"--{key}", type=typ)
     try:
         ns = parser.parse_object({key: value})
         return parser.instantiate_classes(ns)[key]
     except Exception as exc:  # noqa: BLE001 - jsonargparse raises several types; all are recipe problems
-        problems.append(f"{key}: {_clean(str(exc), key)}")
+        where = where or key
+        problems.append(_unknown_option_problem(where, typ, value, str(exc)) or f"{where}: {_clean(str(exc), key)}")
         return None
 
 
 def _check_named(key: str, field_name: str, typ: Any, value: Any, problems: list[str]) -> Any:
     """:func:`_check_with_parser` under a plain key, reporting problems under the dotted ``field_name``."""
-    before = len(problems)
-    out = _check_with_parser(key, typ, value, problems)
-    for i in range(before, len(problems)):
-        problems[i] = problems[i].replace(f"{key}:", f"{field_name}:", 1)
-    return out
+    return _check_with_parser(key, typ, value, problems, where=field_name)
+
+
+_UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted|does not accept option '([^']+)'")
+
+
+def _unknown_option_problem(where: str, typ: Any, value: Any, message: str) -> str | None:
+    """``where.init_args.NAME: unknown option; did you mean where.init_args.CLOSE?`` for jsonargparse's "option not
+    accepted" errors (``None`` for any other error): jsonargparse names neither the field path nor a close name."""
+    match = _UNKNOWN_OPTION.search(message)
+    if match is None:
+        return None
+    name = match.group(1) or match.group(2)
+    if isinstance(value, list) and len(value) == 1:  # a list section (rewards) is checked one item at a time
+        value = value[0]
+    if isinstance(value, dict) and isinstance(value.get("class_path"), str):
+        prefix = f"{where}.init_args."
+        choices = _init_parameters(value["class_path"])
+    elif dataclasses.is_dataclass(typ):
+        prefix = f"{where}."
+        choices = [f.name for f in dataclasses.fields(typ)]
+    else:
+        return None
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+    if close:
+        hint = "; did you mean " + " or ".join(prefix + c for c in close) + "?"
+    else:
+        hint = f" (options: {', '.join(choices) or 'none'})"
+    return f"{prefix}{name}: unknown option{hint}"
+
+
+def _init_parameters(class_path: str) -> list[str]:
+    """Constructor parameter names of ``class_path``, following ``**kwargs`` up the MRO as jsonargparse does."""
+    module_name, _, attr = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError):
+        return []
+    names: list[str] = []
+    for klass in inspect.getmro(cls) if inspect.isclass(cls) else ():
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = list(inspect.signature(init).parameters.values())[1:]
+        names += [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
 
 
 def _clean(message: str, key: str) -> str:
@@ -451,11 +500,9 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
         if value is None:
             continue
         resolved["rewards"].append(value)
-        reward = _check_with_parser("rewards", list[RewardSource], [value], problems)
+        reward = _check_with_parser("rewards", list[RewardSource], [value], problems, where=f"rewards[{i}]")
         if reward is not None:
             built["rewards"].extend(reward)
-        elif problems and problems[-1].startswith("rewards:"):
-            problems[-1] = problems[-1].replace("rewards:", f"rewards[{i}]:", 1)
     if "torch_optimizer" in cfg:
         resolved["torch_optimizer"] = cfg["torch_optimizer"]
         built["torch_optimizer"] = _check_with_parser(

@@ -129,3 +129,33 @@ def test_train_help_lists_options_from_docstrings(capsys):
     assert cli.main(["train", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--run.max_steps" in out and "--sampler" in out
+
+
+def test_unknown_nested_option_names_its_field_path_and_the_nearest_name(capsys):
+    rc = cli.main(
+        [
+            "validate",
+            "--recipe",
+            str(RECIPES / "valid.yaml"),
+            "--sampler.kk",
+            "3",
+            "--torch_optimizer.init_args.lrr",
+            "0.1",
+            "--ema.decy",
+            "0.5",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "sampler.init_args.kk: unknown option; did you mean sampler.init_args.k?" in err
+    assert "torch_optimizer.init_args.lrr: unknown option; did you mean torch_optimizer.init_args.lr?" in err
+    assert "ema.decy: unknown option; did you mean ema.decay?" in err
+
+
+def test_unknown_reward_option_with_no_close_name_lists_the_options(tmp_path):
+    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    cfg = toy_recipe(str(tmp_path))
+    cfg["rewards"] = [{"class_path": "toy-brightness", "init_args": {"zzzzzz": 1}}]
+    with pytest.raises(RecipeError) as err:
+        validate(cfg, host)
+    assert "rewards[0].init_args.zzzzzz: unknown option (options: " in str(err.value)
