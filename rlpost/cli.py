@@ -7,6 +7,7 @@
                     [--num-steps N] [--seed S] [--batch-size B] [--device D]
     rlpost export   --run DIR --out DIR [--checkpoint latest|PATH]
     rlpost plugins list [--json] [--all]
+    rlpost --version
     rlpost bench    --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]   (rlpost.bench)
 
 Recipes are merged in order (later files overlay earlier ones), then ``--a.b value`` overrides apply (values are
@@ -214,6 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     # The ``deepspeed`` launcher inserts --local_rank=N before the subcommand; ranks are read from LOCAL_RANK.
     args = [a for a in args if not a.startswith(("--local_rank=", "--local-rank="))]
+    if args and args[0] in ("--version", "-V"):
+        import rlpost
+
+        print(f"rlpost {rlpost.__version__}")
+        return 0
     if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
         if args and args[0] not in ("-h", "--help"):
