@@ -74,6 +74,7 @@ __all__ = [
     "merge_sources",
     "state_breaking_changes",
     "validate",
+    "with_defaults",
 ]
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -438,23 +439,64 @@ def _unknown_option_problem(where: str, typ: Any, value: Any, message: str) -> s
     return f"{prefix}{name}: unknown option{hint}"
 
 
-def _init_parameters(class_path: str) -> list[str]:
-    """Constructor parameter names of ``class_path``, following ``**kwargs`` up the MRO as jsonargparse does."""
+def _init_signature(class_path: str) -> list[inspect.Parameter]:
+    """Constructor parameters of ``class_path``, following ``**kwargs`` up the MRO as jsonargparse does (empty when
+    the class cannot be imported)."""
     module_name, _, attr = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError):
         return []
-    names: list[str] = []
+    found: list[inspect.Parameter] = []
     for klass in inspect.getmro(cls) if inspect.isclass(cls) else ():
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
         params = list(inspect.signature(init).parameters.values())[1:]
-        names += [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in names]
+        seen = {p.name for p in found}
+        found += [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in seen]
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
-    return names
+    return found
+
+
+def _init_parameters(class_path: str) -> list[str]:
+    """Constructor parameter names of ``class_path`` (see :func:`_init_signature`)."""
+    return [p.name for p in _init_signature(class_path)]
+
+
+_NO_DEFAULT = object()
+
+
+def _plain_default(value: Any) -> Any:
+    """``value`` as plain YAML data (dataclasses as mappings, tuples as lists), or ``_NO_DEFAULT`` when it has no
+    faithful plain form (a callable, a dtype, ...): such a default is left to the class."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain_default(dataclasses.asdict(value))
+    if isinstance(value, (list, tuple)):
+        items = [_plain_default(v) for v in value]
+        return _NO_DEFAULT if any(v is _NO_DEFAULT for v in items) else items
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        plain = {k: _plain_default(v) for k, v in value.items()}
+        return _NO_DEFAULT if any(v is _NO_DEFAULT for v in plain.values()) else plain
+    return _NO_DEFAULT
+
+
+def with_defaults(value: Any) -> Any:
+    """A resolved component (``{class_path, init_args}``) with every constructor default the recipe leaves out filled
+    into ``init_args``, so ``--print_config`` and the saved ``recipe.yaml`` show every setting a run used."""
+    if not (isinstance(value, dict) and isinstance(value.get("class_path"), str)):
+        return value
+    init = dict(value.get("init_args") or {})
+    for param in _init_signature(value["class_path"]):
+        if param.name in init or param.default is inspect.Parameter.empty:
+            continue
+        default = _plain_default(param.default)
+        if default is not _NO_DEFAULT:
+            init[param.name] = default
+    return {**value, "init_args": init} if init else value
 
 
 def _clean(message: str, key: str) -> str:
@@ -488,8 +530,8 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
             continue
         value = _resolve_component(cfg[key], key, kind, host, problems)
         if value is not None:
-            resolved[key] = value
             built[key] = _check_with_parser(key, base, value, problems)
+            resolved[key] = with_defaults(value) if built[key] is not None else value
     rewards_raw = cfg.get("rewards", [])
     if "rewards" in cfg and (not isinstance(rewards_raw, list) or not rewards_raw):
         problems.append("rewards: expected a non-empty list of reward sources")
@@ -499,8 +541,8 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
         value = _resolve_component(item, f"rewards[{i}]", "reward", host, problems)
         if value is None:
             continue
-        resolved["rewards"].append(value)
         reward = _check_with_parser("rewards", list[RewardSource], [value], problems, where=f"rewards[{i}]")
+        resolved["rewards"].append(value if reward is None else with_defaults(value))
         if reward is not None:
             built["rewards"].extend(reward)
     if "torch_optimizer" in cfg:
@@ -836,7 +878,8 @@ def state_breaking_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str
     """Differences between two resolved recipes that make a checkpoint of ``old`` unusable under ``new``."""
     problems = []
     for key in STATE_BREAKING_KEYS:
-        if old.get(key) != new.get(key):
+        # Runs saved before recipe.yaml listed constructor defaults compare equal when only the defaults differ.
+        if with_defaults(old.get(key)) != with_defaults(new.get(key)):
             problems.append(f"{key}: changed from {old.get(key)!r} to {new.get(key)!r}")
     for key in STATE_BREAKING_CLASSES:
         a, b = old.get(key) or {}, new.get(key) or {}

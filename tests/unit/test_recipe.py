@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlpost import cli
 from rlpost.models.sd3 import SD3Policy
@@ -159,3 +160,28 @@ def test_unknown_reward_option_with_no_close_name_lists_the_options(tmp_path):
     with pytest.raises(RecipeError) as err:
         validate(cfg, host)
     assert "rewards[0].init_args.zzzzzz: unknown option (options: " in str(err.value)
+
+
+def test_print_config_lists_every_component_default_and_validates_again(capsys, tmp_path):
+    assert cli.main(["train", "--recipe", str(RECIPES / "valid.yaml"), "--print_config"]) == 0
+    printed = capsys.readouterr().out
+    config = yaml.safe_load(printed)
+    optimizer_args = config["optimizer"]["init_args"]
+    for name in ("adv_clip_max", "kl_coef", "inner_epochs"):
+        assert name in optimizer_args, name
+    assert "k" in config["sampler"]["init_args"]
+    # The printed recipe is itself a valid recipe that prints the same.
+    (tmp_path / "printed.yaml").write_text(printed)
+    assert cli.main(["train", "--recipe", str(tmp_path / "printed.yaml"), "--print_config"]) == 0
+    assert capsys.readouterr().out == printed
+
+
+def test_a_run_saved_without_defaults_resumes_under_a_recipe_listing_them():
+    from rlpost.recipe import state_breaking_changes, with_defaults
+
+    bare = {"model": {"class_path": "rlpost.models.sd3.SD3Policy", "init_args": {"pretrained": "tiny-random"}}}
+    full = {"model": with_defaults(bare["model"])}
+    assert full["model"]["init_args"]["full_finetune"] is False  # the defaults were filled in
+    assert state_breaking_changes(bare, full) == []
+    changed = {"model": with_defaults({**bare["model"], "init_args": {"pretrained": "x"}})}
+    assert state_breaking_changes(bare, changed)
