@@ -2,6 +2,7 @@
 
     rlpost train    --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...] [--print_config]
                     [--resume latest|RUN_DIR|CHECKPOINT_DIR]
+    rlpost train    --help | --sampler.help NAME  (likewise --model/--prompts/--rewards/--advantage/--optimizer)
     rlpost validate --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...]
     rlpost sample   --run DIR [--checkpoint latest|PATH] (--prompt "..." ... | --prompts-file F) --out DIR
                     [--num-steps N] [--seed S] [--batch-size B] [--device D]
@@ -18,6 +19,8 @@ the help text taken from the components' docstrings.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -25,13 +28,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
+from jsonargparse import ArgumentParser
 from rich.console import Console
 from rich.table import Table
 
 from rlpost.checkpoint import CheckpointError
 from rlpost.guards import NonFiniteError
 from rlpost.plugins import PluginHost, get_host
-from rlpost.recipe import Recipe, RecipeError, build_parser, merge_sources, validate
+from rlpost.recipe import COMPONENT_KEYS, LIST_KEYS, Recipe, RecipeError, build_parser, merge_sources, validate
+from rlpost.registry import suggest
 
 __all__ = ["main"]
 
@@ -71,10 +76,64 @@ def _split_args(args: Sequence[str]) -> tuple[list[str], list[tuple[str, str]], 
     return recipes, overrides, flags
 
 
+def _add_cli_options(parser: ArgumentParser) -> None:
+    """The options of ``train``/``validate`` that are not recipe fields, so ``--help`` lists them too."""
+    group = parser.add_argument_group("command line", "how the recipe is assembled and what is done with it")
+    group.add_argument(
+        "--recipe", action="append", help="recipe YAML file; repeat to overlay later files on earlier ones"
+    )
+    group.add_argument("--resume", help="train only: latest, a run directory or a checkpoint directory")
+    group.add_argument("--print_config", action="store_true", help="train only: print the resolved recipe and exit")
+    group.add_argument(
+        "--KEY.help", dest="component_help", metavar="NAME", help="options of one component, e.g. --sampler.help tree"
+    )
+
+
+def _print_help(parser: ArgumentParser, args: Sequence[str]) -> None:
+    """Run jsonargparse's help action for ``args`` and write its text to stdout without reST double backticks."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        try:
+            if args:
+                parser.parse_args(list(args))
+            else:
+                parser.print_help()
+        except SystemExit:  # jsonargparse's help actions exit after printing
+            pass
+    sys.stdout.write(buffer.getvalue().replace("``", ""))
+
+
+def _component_help(key: str, name: str, host: PluginHost) -> None:
+    """``--KEY.help NAME``: jsonargparse's class help for the component NAME (a registered short name, class name or
+    dotted class_path) of the recipe key KEY."""
+    kinds = {k: kind for k, (_, kind) in {**COMPONENT_KEYS, **LIST_KEYS}.items()}
+    kinds.update({"eval.prompts": "prompts", "eval.sets": "prompts", "eval.rewards": "reward", "eval.judges": "reward"})
+    if key not in kinds:
+        raise UsageError(f"--{key}.help: {key!r} is not a component key; use one of {', '.join(kinds)}")
+    registry = host.registry(kinds[key])
+    try:
+        class_path = registry.get(name).class_path
+    except KeyError:
+        by_class = [e.class_path for e in registry.entries() if e.cls.__name__ == name]
+        class_path = by_class[0] if by_class else name
+    if "." not in class_path:
+        raise UsageError(
+            f"--{key}.help: unknown {kinds[key]} {name!r}{suggest(name, registry.names())} "
+            f"(available: {', '.join(registry.names()) or 'none'})"
+        )
+    _print_help(build_parser(), [f"--{key}.help", class_path])
+
+
 def _load(args: Sequence[str], host: PluginHost) -> tuple[Recipe | None, set[str]]:
     recipes, overrides, flags = _split_args(args)
+    for key, value in overrides:
+        if key.endswith(".help"):
+            _component_help(key[: -len(".help")], value, host)
+            return None, flags
     if "help" in flags:
-        build_parser().print_help()
+        parser = build_parser()
+        _add_cli_options(parser)
+        _print_help(parser, [])
         return None, flags
     if not recipes:
         raise UsageError("give at least one --recipe FILE")
@@ -220,8 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"rlpost {rlpost.__version__}")
         return 0
-    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
-        print(__doc__.strip(), file=sys.stderr)
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__.strip().replace("``", ""))
+        return 0
+    if not args or args[0] not in COMMANDS:
+        print(__doc__.strip().replace("``", ""), file=sys.stderr)
         if args and args[0] not in ("-h", "--help"):
             print(f"\nrlpost: unknown command {args[0]!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
             return 2

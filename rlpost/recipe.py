@@ -34,6 +34,7 @@ import importlib
 import inspect
 import math
 import re
+import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -910,7 +911,34 @@ def build_parser(prog: str = "rlpost train") -> ArgumentParser:
     parser.add_argument("--reward_weights", type=dict[str, float], default={}, help="weight per reward name")
     parser.add_argument("--torch_optimizer", type=OptimizerFactory, help="torch optimizer factory")
     parser.add_argument("--lr_scheduler", type=SchedulerFactory | None, default=None, help="LR scheduler factory")
+    evaluation = parser.add_argument_group(
+        "eval", "held-out evaluation (optional section): eval.prompts or eval.sets, rewards, judges and settings"
+    )
+    evaluation.add_argument("--eval.prompts", type=PromptSource | None, default=None, help="held-out prompt source")
+    evaluation.add_argument(
+        "--eval.sets", type=dict[str, PromptSource] | None, default=None, help="named held-out prompt sources"
+    )
+    evaluation.add_argument(
+        "--eval.rewards", type=list[RewardSource] | None, default=None, help="evaluation rewards (default: training)"
+    )
+    evaluation.add_argument(
+        "--eval.judges", type=list[RewardSource] | None, default=None, help="second judges, never training rewards"
+    )
+    hints = typing.get_type_hints(EvalSettings)
+    for f in dataclasses.fields(EvalSettings):
+        evaluation.add_argument(
+            f"--eval.{f.name}", type=hints[f.name], default=f.default, help=EVAL_SETTING_HELP[f.name]
+        )
     return parser
+
+
+EVAL_SETTING_HELP = {
+    "num_steps": "ODE steps (NFE) per evaluation image",
+    "every": "evaluate every N training steps, besides step 0 and the last step (0: only those two)",
+    "seed": "seed of the evaluation noise (the same images every evaluation)",
+    "batch_size": "images per evaluation forward batch",
+    "save_images": "per-image PNGs besides the grid",
+}
 
 
 def load_recipe(recipes: Sequence[str], overrides: Sequence[tuple[str, str]], host: PluginHost) -> Recipe:

@@ -10,3 +10,31 @@ from rlpost import cli
 def test_version_prints_the_installed_version(capsys):
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"rlpost {importlib.metadata.version('rlpost')}"
+
+
+def test_component_help_by_registered_name_prints_that_components_options(capsys):
+    assert cli.main(["train", "--sampler.help", "tree"]) == 0
+    out = capsys.readouterr().out
+    assert "--sampler.k K" in out and "--sampler.depth DEPTH" in out
+    assert "``" not in out  # reST markup is stripped from the docstring help
+    assert cli.main(["train", "--prompts.help", "hf-dataset"]) == 0
+    assert "--prompts.limit" in capsys.readouterr().out
+
+
+def test_component_help_for_an_unknown_name_suggests_the_nearest(capsys):
+    assert cli.main(["train", "--sampler.help", "tre"]) == 2
+    assert "did you mean 'tree'" in capsys.readouterr().err
+
+
+def test_train_help_lists_the_command_line_options_and_the_eval_section(capsys):
+    assert cli.main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--recipe", "--resume", "--print_config", "--sampler.help", "--eval.prompts", "--eval.num_steps"):
+        assert option in out, option
+    assert "``" not in out
+
+
+def test_top_level_help_goes_to_stdout(capsys):
+    assert cli.main(["--help"]) == 0
+    captured = capsys.readouterr()
+    assert "rlpost train" in captured.out and captured.err == ""
