@@ -137,7 +137,13 @@ def _load(args: Sequence[str], host: PluginHost) -> tuple[Recipe | None, set[str
         return None, flags
     if not recipes:
         raise UsageError("give at least one --recipe FILE")
-    return validate(merge_sources(recipes, overrides), host), flags
+    cfg = merge_sources(recipes, overrides)
+    if "bench" in cfg:  # a bench recipe describes several training recipes, not one
+        raise UsageError(
+            f"{' + '.join(recipes)} is a bench recipe (top-level 'bench:' key); run it with "
+            f"rlpost bench --recipe {recipes[-1]}, or validate/train one of the recipes it benchmarks"
+        )
+    return validate(cfg, host), flags
 
 
 def _print_derived(recipe: Recipe, console: Console) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+from pathlib import Path
 
 from rlpost import cli
 
@@ -38,3 +39,11 @@ def test_top_level_help_goes_to_stdout(capsys):
     assert cli.main(["--help"]) == 0
     captured = capsys.readouterr()
     assert "rlpost train" in captured.out and captured.err == ""
+
+
+def test_validate_on_a_bench_recipe_points_to_rlpost_bench(capsys):
+    bench = Path(__file__).resolve().parents[2] / "recipes" / "bench" / "tiny.yaml"
+    assert cli.main(["validate", "--recipe", str(bench)]) == 2
+    err = capsys.readouterr().err
+    assert "bench recipe" in err and "rlpost bench --recipe" in err
+    assert "unknown top-level key" not in err
