@@ -254,7 +254,10 @@ def cmd_plugins(argv: Sequence[str]) -> int:
         table.add_row(
             info.name, info.distribution, info.version, status, "\n".join(info.components), "\n".join(info.hooks)
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped or redirected: as wide as the table needs, never truncated to 80 columns
+        console = Console(width=max(80, Console(width=100_000).measure(table).maximum))
+    console.print(table)
     return 0
 
 

@@ -47,3 +47,11 @@ def test_validate_on_a_bench_recipe_points_to_rlpost_bench(capsys):
     err = capsys.readouterr().err
     assert "bench recipe" in err and "rlpost bench --recipe" in err
     assert "unknown top-level key" not in err
+
+
+def test_plugins_list_piped_does_not_truncate(capsys):
+    assert cli.main(["plugins", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert "rlpost_register_advantage_estimators" in out
+    assert "reward:jpeg-compressibility" in out
