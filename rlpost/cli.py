@@ -190,6 +190,8 @@ def cmd_train(args: Sequence[str]) -> int:
         runner.run()
     finally:
         host.unregister_plugin("rlpost.progress")
+    if runner.ctx.is_main_process:  # also without the progress bar: a run ends with at least one line saying so
+        console.print(f"rlpost train: completed {runner.ctx.step} step(s); run directory {runner.rundir.path}")
     return 0
 
 

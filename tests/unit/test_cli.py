@@ -5,7 +5,12 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
+import yaml
+
 from rlpost import cli
+from rlpost.plugins import PluginHost
+from tests import toy_components
+from tests.toy_components import toy_recipe
 
 
 def test_version_prints_the_installed_version(capsys):
@@ -55,3 +60,13 @@ def test_plugins_list_piped_does_not_truncate(capsys):
     assert "…" not in out
     assert "rlpost_register_advantage_estimators" in out
     assert "reward:jpeg-compressibility" in out
+
+
+def test_train_without_progress_bar_ends_with_a_completion_line(tmp_path, monkeypatch, capsys):
+    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    monkeypatch.setattr(cli, "get_host", lambda: host)
+    recipe = tmp_path / "toy.yaml"
+    recipe.write_text(yaml.safe_dump(toy_recipe(str(tmp_path / "run"), max_steps=2)))  # progress: false
+    assert cli.main(["train", "--recipe", str(recipe)]) == 0
+    err = capsys.readouterr().err
+    assert "completed 2 step(s)" in err and str(tmp_path / "run") in err
