@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import io
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -144,6 +145,34 @@ def _load(args: Sequence[str], host: PluginHost) -> tuple[Recipe | None, set[str
             f"rlpost bench --recipe {recipes[-1]}, or validate/train one of the recipes it benchmarks"
         )
     return validate(cfg, host), flags
+
+
+class _BelowError(logging.Filter):
+    """Drops a third-party logger's records below ERROR (its level may be reset on import; a filter stays)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+_QUIET = _BelowError()
+QUIET_LOGGERS = ("DeepSpeed",)
+"""Loggers that print start-up notices (DeepSpeed: "Setting accelerator to CPU") into a normal run."""
+
+
+def _quiet_third_party() -> None:
+    """Silence third-party progress bars and notices in normal runs (``RLPOST_VERBOSE=1`` keeps them): the model
+    libraries' own tqdm bars (e.g. "Writing model shards" when the tiny model is built) and info/warning logs.
+    Environment defaults only take effect for libraries not yet imported, which is why the CLI sets them first;
+    a variable the user set is kept."""
+    if os.environ.get("RLPOST_VERBOSE", "") not in ("", "0"):
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers and huggingface_hub bars
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if _QUIET not in logger.filters:
+            logger.addFilter(_QUIET)
 
 
 def _print_derived(recipe: Recipe, console: Console) -> None:
@@ -299,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nrlpost: unknown command {args[0]!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
             return 2
         return 0 if args else 2
+    if args[0] in ("train", "sample", "export", "bench"):
+        _quiet_third_party()
     try:
         return COMMANDS[args[0]](args[1:])
     except RecipeError as exc:

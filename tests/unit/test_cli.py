@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
+import os
 from pathlib import Path
 
 import yaml
@@ -70,3 +72,28 @@ def test_train_without_progress_bar_ends_with_a_completion_line(tmp_path, monkey
     assert cli.main(["train", "--recipe", str(recipe)]) == 0
     err = capsys.readouterr().err
     assert "completed 2 step(s)" in err and str(tmp_path / "run") in err
+
+
+def test_training_commands_silence_third_party_notices_and_bars(tmp_path, monkeypatch, capsys):
+    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY", "RLPOST_VERBOSE"):
+        monkeypatch.delenv(name, raising=False)
+    logger = logging.getLogger("DeepSpeed")
+    monkeypatch.setattr(logger, "filters", [])  # restored after the test
+    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    monkeypatch.setattr(cli, "get_host", lambda: host)
+    recipe = tmp_path / "toy.yaml"
+    recipe.write_text(yaml.safe_dump(toy_recipe(str(tmp_path / "run"), max_steps=1)))
+    assert cli.main(["train", "--recipe", str(recipe)]) == 0
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and os.environ["TRANSFORMERS_VERBOSITY"] == "error"
+    warning = logging.LogRecord("DeepSpeed", logging.WARNING, __file__, 1, "Setting accelerator to CPU", None, None)
+    error = logging.LogRecord("DeepSpeed", logging.ERROR, __file__, 1, "a real failure", None, None)
+    assert not logger.filter(warning) and logger.filter(error)
+
+
+def test_rlpost_verbose_keeps_third_party_output(monkeypatch):
+    monkeypatch.setenv("RLPOST_VERBOSE", "1")
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    logger = logging.getLogger("DeepSpeed")
+    monkeypatch.setattr(logger, "filters", [])
+    cli._quiet_third_party()
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ and logger.filters == []
