@@ -13,7 +13,8 @@
 
 Recipes are merged in order (later files overlay earlier ones), then ``--a.b value`` overrides apply (values are
 parsed as YAML; ``--sampler.k 4`` means ``sampler.init_args.k``). ``rlpost train --help`` lists every option with
-the help text taken from the components' docstrings.
+the help text taken from the components' docstrings; ``--sampler.help tree`` lists one component's options.
+Third-party progress bars and notices are silenced; ``RLPOST_VERBOSE=1`` keeps them.
 """
 
 from __future__ import annotations
