@@ -2,28 +2,35 @@
 
     rlpost train    --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...] [--print_config]
                     [--resume latest|RUN_DIR|CHECKPOINT_DIR]
+    rlpost train    --help | --sampler.help NAME  (likewise --model/--prompts/--rewards/--advantage/--optimizer)
     rlpost validate --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...]
     rlpost sample   --run DIR [--checkpoint latest|PATH] (--prompt "..." ... | --prompts-file F) --out DIR
                     [--num-steps N] [--seed S] [--batch-size B] [--device D]
     rlpost export   --run DIR --out DIR [--checkpoint latest|PATH]
     rlpost plugins list [--json] [--all]
+    rlpost --version
     rlpost bench    --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]   (rlpost.bench)
 
 Recipes are merged in order (later files overlay earlier ones), then ``--a.b value`` overrides apply (values are
 parsed as YAML; ``--sampler.k 4`` means ``sampler.init_args.k``). ``rlpost train --help`` lists every option with
-the help text taken from the components' docstrings.
+the help text taken from the components' docstrings; ``--sampler.help tree`` lists one component's options.
+Third-party progress bars and notices are silenced; ``RLPOST_VERBOSE=1`` keeps them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
+from jsonargparse import ArgumentParser
 from rich.console import Console
 from rich.table import Table
 
@@ -31,7 +38,8 @@ from rlpost.checkpoint import CheckpointError
 from rlpost.guards import NonFiniteError
 from rlpost.plugin_errors import PluginRuntimeError
 from rlpost.plugins import PluginHost, get_host
-from rlpost.recipe import Recipe, RecipeError, build_parser, merge_sources, validate
+from rlpost.recipe import COMPONENT_KEYS, LIST_KEYS, Recipe, RecipeError, build_parser, merge_sources, validate
+from rlpost.registry import suggest
 
 __all__ = ["main"]
 
@@ -71,14 +79,102 @@ def _split_args(args: Sequence[str]) -> tuple[list[str], list[tuple[str, str]], 
     return recipes, overrides, flags
 
 
+def _add_cli_options(parser: ArgumentParser) -> None:
+    """The options of ``train``/``validate`` that are not recipe fields, so ``--help`` lists them too."""
+    group = parser.add_argument_group("command line", "how the recipe is assembled and what is done with it")
+    group.add_argument(
+        "--recipe", action="append", help="recipe YAML file; repeat to overlay later files on earlier ones"
+    )
+    group.add_argument("--resume", help="train only: latest, a run directory or a checkpoint directory")
+    group.add_argument("--print_config", action="store_true", help="train only: print the resolved recipe and exit")
+    group.add_argument(
+        "--KEY.help", dest="component_help", metavar="NAME", help="options of one component, e.g. --sampler.help tree"
+    )
+
+
+def _print_help(parser: ArgumentParser, args: Sequence[str]) -> None:
+    """Run jsonargparse's help action for ``args`` and write its text to stdout without reST double backticks."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        try:
+            if args:
+                parser.parse_args(list(args))
+            else:
+                parser.print_help()
+        except SystemExit:  # jsonargparse's help actions exit after printing
+            pass
+    sys.stdout.write(buffer.getvalue().replace("``", ""))
+
+
+def _component_help(key: str, name: str, host: PluginHost) -> None:
+    """``--KEY.help NAME``: jsonargparse's class help for the component NAME (a registered short name, class name or
+    dotted class_path) of the recipe key KEY."""
+    kinds = {k: kind for k, (_, kind) in {**COMPONENT_KEYS, **LIST_KEYS}.items()}
+    kinds.update({"eval.prompts": "prompts", "eval.sets": "prompts", "eval.rewards": "reward", "eval.judges": "reward"})
+    if key not in kinds:
+        raise UsageError(f"--{key}.help: {key!r} is not a component key; use one of {', '.join(kinds)}")
+    registry = host.registry(kinds[key])
+    try:
+        class_path = registry.get(name).class_path
+    except KeyError:
+        by_class = [e.class_path for e in registry.entries() if e.cls.__name__ == name]
+        class_path = by_class[0] if by_class else name
+    if "." not in class_path:
+        raise UsageError(
+            f"--{key}.help: unknown {kinds[key]} {name!r}{suggest(name, registry.names())} "
+            f"(available: {', '.join(registry.names()) or 'none'})"
+        )
+    _print_help(build_parser(), [f"--{key}.help", class_path])
+
+
 def _load(args: Sequence[str], host: PluginHost) -> tuple[Recipe | None, set[str]]:
     recipes, overrides, flags = _split_args(args)
+    for key, value in overrides:
+        if key.endswith(".help"):
+            _component_help(key[: -len(".help")], value, host)
+            return None, flags
     if "help" in flags:
-        build_parser().print_help()
+        parser = build_parser()
+        _add_cli_options(parser)
+        _print_help(parser, [])
         return None, flags
     if not recipes:
         raise UsageError("give at least one --recipe FILE")
-    return validate(merge_sources(recipes, overrides), host), flags
+    cfg = merge_sources(recipes, overrides)
+    if "bench" in cfg:  # a bench recipe describes several training recipes, not one
+        raise UsageError(
+            f"{' + '.join(recipes)} is a bench recipe (top-level 'bench:' key); run it with "
+            f"rlpost bench --recipe {recipes[-1]}, or validate/train one of the recipes it benchmarks"
+        )
+    return validate(cfg, host), flags
+
+
+class _BelowError(logging.Filter):
+    """Drops a third-party logger's records below ERROR (its level may be reset on import; a filter stays)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+_QUIET = _BelowError()
+QUIET_LOGGERS = ("DeepSpeed",)
+"""Loggers that print start-up notices (DeepSpeed: "Setting accelerator to CPU") into a normal run."""
+
+
+def _quiet_third_party() -> None:
+    """Silence third-party progress bars and notices in normal runs (``RLPOST_VERBOSE=1`` keeps them): the model
+    libraries' own tqdm bars (e.g. "Writing model shards" when the tiny model is built) and info/warning logs.
+    Environment defaults only take effect for libraries not yet imported, which is why the CLI sets them first;
+    a variable the user set is kept."""
+    if os.environ.get("RLPOST_VERBOSE", "") not in ("", "0"):
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers and huggingface_hub bars
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if _QUIET not in logger.filters:
+            logger.addFilter(_QUIET)
 
 
 def _print_derived(recipe: Recipe, console: Console) -> None:
@@ -125,6 +221,8 @@ def cmd_train(args: Sequence[str]) -> int:
         runner.run()
     finally:
         host.unregister_plugin("rlpost.progress")
+    if runner.ctx.is_main_process:  # also without the progress bar: a run ends with at least one line saying so
+        console.print(f"rlpost train: completed {runner.ctx.step} step(s); run directory {runner.rundir.path}")
     return 0
 
 
@@ -189,7 +287,10 @@ def cmd_plugins(argv: Sequence[str]) -> int:
         table.add_row(
             info.name, info.distribution, info.version, status, "\n".join(info.components), "\n".join(info.hooks)
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped or redirected: as wide as the table needs, never truncated to 80 columns
+        console = Console(width=max(80, Console(width=100_000).measure(table).maximum))
+    console.print(table)
     return 0
 
 
@@ -215,12 +316,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     # The ``deepspeed`` launcher inserts --local_rank=N before the subcommand; ranks are read from LOCAL_RANK.
     args = [a for a in args if not a.startswith(("--local_rank=", "--local-rank="))]
-    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
-        print(__doc__.strip(), file=sys.stderr)
+    if args and args[0] in ("--version", "-V"):
+        import rlpost
+
+        print(f"rlpost {rlpost.__version__}")
+        return 0
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__.strip().replace("``", ""))
+        return 0
+    if not args or args[0] not in COMMANDS:
+        print(__doc__.strip().replace("``", ""), file=sys.stderr)
         if args and args[0] not in ("-h", "--help"):
             print(f"\nrlpost: unknown command {args[0]!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
             return 2
         return 0 if args else 2
+    if args[0] in ("train", "sample", "export", "bench"):
+        _quiet_third_party()
     try:
         return COMMANDS[args[0]](args[1:])
     except RecipeError as exc:

@@ -160,7 +160,14 @@ def sample_run(
     from rlpost.runner import resolve_device
 
     info = find_checkpoint(checkpoint, run_dir)
-    recipe = validate(RunDirectory(run_dir).stored_recipe(), host)
+    stored = RunDirectory(run_dir).stored_recipe()
+    # Sampling logs nothing and runs in one process: a run trained with TensorBoard, W&B or DeepSpeed must sample on
+    # a host without them, so those sections are not validated again; ``device`` replaces the training device.
+    for section in ("logging", "distributed"):
+        stored.pop(section, None)
+    if device is not None and isinstance(stored.get("run"), dict):
+        stored["run"] = {**stored["run"], "device": device}
+    recipe = validate(stored, host)
     recipe.model.setup(resolve_device(device or recipe.run.device))
     weights, _, ema = read_checkpoint(info)
     load_trainable(recipe.model.trainable_parameters(), ema if ema is not None else weights)

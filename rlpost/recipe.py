@@ -29,7 +29,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import importlib
+import inspect
 import math
+import re
+import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +75,7 @@ __all__ = [
     "merge_sources",
     "state_breaking_changes",
     "validate",
+    "with_defaults",
 ]
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -387,25 +393,111 @@ def _resolve_component(value: Any, field_name: str, kind: str, host: PluginHost,
     return value
 
 
-def _check_with_parser(key: str, typ: Any, value: Any, problems: list[str]) -> Any:
-    """Type-check one section with jsonargparse; on failure record the message prefixed with the field name."""
+def _check_with_parser(key: str, typ: Any, value: Any, problems: list[str], where: str | None = None) -> Any:
+    """Type-check one section with jsonargparse; on failure record the message prefixed with the field name
+    (``where``, default ``key``). An unknown option is reported under its full field path with the nearest name."""
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument(f"--{key}", type=typ)
     try:
         ns = parser.parse_object({key: value})
         return parser.instantiate_classes(ns)[key]
     except Exception as exc:  # noqa: BLE001 - jsonargparse raises several types; all are recipe problems
-        problems.append(f"{key}: {_clean(str(exc), key)}")
+        where = where or key
+        problems.append(_unknown_option_problem(where, typ, value, str(exc)) or f"{where}: {_clean(str(exc), key)}")
         return None
 
 
 def _check_named(key: str, field_name: str, typ: Any, value: Any, problems: list[str]) -> Any:
     """:func:`_check_with_parser` under a plain key, reporting problems under the dotted ``field_name``."""
-    before = len(problems)
-    out = _check_with_parser(key, typ, value, problems)
-    for i in range(before, len(problems)):
-        problems[i] = problems[i].replace(f"{key}:", f"{field_name}:", 1)
-    return out
+    return _check_with_parser(key, typ, value, problems, where=field_name)
+
+
+_UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted|does not accept option '([^']+)'")
+
+
+def _unknown_option_problem(where: str, typ: Any, value: Any, message: str) -> str | None:
+    """``where.init_args.NAME: unknown option; did you mean where.init_args.CLOSE?`` for jsonargparse's "option not
+    accepted" errors (``None`` for any other error): jsonargparse names neither the field path nor a close name."""
+    match = _UNKNOWN_OPTION.search(message)
+    if match is None:
+        return None
+    name = match.group(1) or match.group(2)
+    if isinstance(value, list) and len(value) == 1:  # a list section (rewards) is checked one item at a time
+        value = value[0]
+    if isinstance(value, dict) and isinstance(value.get("class_path"), str):
+        prefix = f"{where}.init_args."
+        choices = _init_parameters(value["class_path"])
+    elif dataclasses.is_dataclass(typ):
+        prefix = f"{where}."
+        choices = [f.name for f in dataclasses.fields(typ)]
+    else:
+        return None
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+    if close:
+        hint = "; did you mean " + " or ".join(prefix + c for c in close) + "?"
+    else:
+        hint = f" (options: {', '.join(choices) or 'none'})"
+    return f"{prefix}{name}: unknown option{hint}"
+
+
+def _init_signature(class_path: str) -> list[inspect.Parameter]:
+    """Constructor parameters of ``class_path``, following ``**kwargs`` up the MRO as jsonargparse does (empty when
+    the class cannot be imported)."""
+    module_name, _, attr = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError):
+        return []
+    found: list[inspect.Parameter] = []
+    for klass in inspect.getmro(cls) if inspect.isclass(cls) else ():
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = list(inspect.signature(init).parameters.values())[1:]
+        seen = {p.name for p in found}
+        found += [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in seen]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return found
+
+
+def _init_parameters(class_path: str) -> list[str]:
+    """Constructor parameter names of ``class_path`` (see :func:`_init_signature`)."""
+    return [p.name for p in _init_signature(class_path)]
+
+
+_NO_DEFAULT = object()
+
+
+def _plain_default(value: Any) -> Any:
+    """``value`` as plain YAML data (dataclasses as mappings, tuples as lists), or ``_NO_DEFAULT`` when it has no
+    faithful plain form (a callable, a dtype, ...): such a default is left to the class."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain_default(dataclasses.asdict(value))
+    if isinstance(value, (list, tuple)):
+        items = [_plain_default(v) for v in value]
+        return _NO_DEFAULT if any(v is _NO_DEFAULT for v in items) else items
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        plain = {k: _plain_default(v) for k, v in value.items()}
+        return _NO_DEFAULT if any(v is _NO_DEFAULT for v in plain.values()) else plain
+    return _NO_DEFAULT
+
+
+def with_defaults(value: Any) -> Any:
+    """A resolved component (``{class_path, init_args}``) with every constructor default the recipe leaves out filled
+    into ``init_args``, so ``--print_config`` and the saved ``recipe.yaml`` show every setting a run used."""
+    if not (isinstance(value, dict) and isinstance(value.get("class_path"), str)):
+        return value
+    init = dict(value.get("init_args") or {})
+    for param in _init_signature(value["class_path"]):
+        if param.name in init or param.default is inspect.Parameter.empty:
+            continue
+        default = _plain_default(param.default)
+        if default is not _NO_DEFAULT:
+            init[param.name] = default
+    return {**value, "init_args": init} if init else value
 
 
 def _clean(message: str, key: str) -> str:
@@ -439,8 +531,8 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
             continue
         value = _resolve_component(cfg[key], key, kind, host, problems)
         if value is not None:
-            resolved[key] = value
             built[key] = _check_with_parser(key, base, value, problems)
+            resolved[key] = with_defaults(value) if built[key] is not None else value
     rewards_raw = cfg.get("rewards", [])
     if "rewards" in cfg and (not isinstance(rewards_raw, list) or not rewards_raw):
         problems.append("rewards: expected a non-empty list of reward sources")
@@ -450,12 +542,10 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
         value = _resolve_component(item, f"rewards[{i}]", "reward", host, problems)
         if value is None:
             continue
-        resolved["rewards"].append(value)
-        reward = _check_with_parser("rewards", list[RewardSource], [value], problems)
+        reward = _check_with_parser("rewards", list[RewardSource], [value], problems, where=f"rewards[{i}]")
+        resolved["rewards"].append(value if reward is None else with_defaults(value))
         if reward is not None:
             built["rewards"].extend(reward)
-        elif problems and problems[-1].startswith("rewards:"):
-            problems[-1] = problems[-1].replace("rewards:", f"rewards[{i}]:", 1)
     if "torch_optimizer" in cfg:
         resolved["torch_optimizer"] = cfg["torch_optimizer"]
         built["torch_optimizer"] = _check_with_parser(
@@ -789,7 +879,8 @@ def state_breaking_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str
     """Differences between two resolved recipes that make a checkpoint of ``old`` unusable under ``new``."""
     problems = []
     for key in STATE_BREAKING_KEYS:
-        if old.get(key) != new.get(key):
+        # Runs saved before recipe.yaml listed constructor defaults compare equal when only the defaults differ.
+        if with_defaults(old.get(key)) != with_defaults(new.get(key)):
             problems.append(f"{key}: changed from {old.get(key)!r} to {new.get(key)!r}")
     for key in STATE_BREAKING_CLASSES:
         a, b = old.get(key) or {}, new.get(key) or {}
@@ -820,7 +911,34 @@ def build_parser(prog: str = "rlpost train") -> ArgumentParser:
     parser.add_argument("--reward_weights", type=dict[str, float], default={}, help="weight per reward name")
     parser.add_argument("--torch_optimizer", type=OptimizerFactory, help="torch optimizer factory")
     parser.add_argument("--lr_scheduler", type=SchedulerFactory | None, default=None, help="LR scheduler factory")
+    evaluation = parser.add_argument_group(
+        "eval", "held-out evaluation (optional section): eval.prompts or eval.sets, rewards, judges and settings"
+    )
+    evaluation.add_argument("--eval.prompts", type=PromptSource | None, default=None, help="held-out prompt source")
+    evaluation.add_argument(
+        "--eval.sets", type=dict[str, PromptSource] | None, default=None, help="named held-out prompt sources"
+    )
+    evaluation.add_argument(
+        "--eval.rewards", type=list[RewardSource] | None, default=None, help="evaluation rewards (default: training)"
+    )
+    evaluation.add_argument(
+        "--eval.judges", type=list[RewardSource] | None, default=None, help="second judges, never training rewards"
+    )
+    hints = typing.get_type_hints(EvalSettings)
+    for f in dataclasses.fields(EvalSettings):
+        evaluation.add_argument(
+            f"--eval.{f.name}", type=hints[f.name], default=f.default, help=EVAL_SETTING_HELP[f.name]
+        )
     return parser
+
+
+EVAL_SETTING_HELP = {
+    "num_steps": "ODE steps (NFE) per evaluation image",
+    "every": "evaluate every N training steps, besides step 0 and the last step (0: only those two)",
+    "seed": "seed of the evaluation noise (the same images every evaluation)",
+    "batch_size": "images per evaluation forward batch",
+    "save_images": "per-image PNGs besides the grid",
+}
 
 
 def load_recipe(recipes: Sequence[str], overrides: Sequence[tuple[str, str]], host: PluginHost) -> Recipe:

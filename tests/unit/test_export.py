@@ -3,9 +3,13 @@ into a fresh pipeline and reproduces the run's held-out samples; ``rlpost sample
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
+
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from rlpost import cli
@@ -16,6 +20,7 @@ from tests import toy_components
 from tests.tolerances import assert_pixels_close
 
 PROMPTS = ["a red cube", "a blue sphere"]
+_find_spec = importlib.util.find_spec
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +81,20 @@ def test_sample_cli_reproduces_eval(lora_run, tmp_path, monkeypatch):
         # Same noise and sigmas through another entry point: at most one level apart after rounding (fp32 kernels).
         assert_pixels_close(np.asarray(Image.open(tmp_path / "s" / f"{i:04d}.png")), expected)
     assert cli.main(["export", "--run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "e")]) == 2
+
+
+def test_sample_does_not_revalidate_trackers_or_the_training_device(lora_run, tmp_path, monkeypatch):
+    # A run trained on a GPU host with TensorBoard and W&B samples on a host with neither.
+    run, host = lora_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    stored = yaml.safe_load((copy / "recipe.yaml").read_text())
+    stored["logging"] = {**stored.get("logging", {}), "tensorboard": True, "wandb": True}
+    stored["run"]["device"] = "cuda:4096"
+    (copy / "recipe.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("tensorboard", "wandb") else
+                        _find_spec(name, *a))  # fmt: skip
+    monkeypatch.setattr(cli, "get_host", lambda: host)
+    args = ["sample", "--run", str(copy), "--out", str(tmp_path / "s"), "--num-steps", "2", "--device", "cpu"]
+    assert cli.main([*args, "--prompt", PROMPTS[0]]) == 0
+    assert (tmp_path / "s" / "0000.png").is_file()

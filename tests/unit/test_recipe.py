@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlpost import cli
 from rlpost.models.sd3 import SD3Policy
@@ -129,3 +130,58 @@ def test_train_help_lists_options_from_docstrings(capsys):
     assert cli.main(["train", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--run.max_steps" in out and "--sampler" in out
+
+
+def test_unknown_nested_option_names_its_field_path_and_the_nearest_name(capsys):
+    rc = cli.main(
+        [
+            "validate",
+            "--recipe",
+            str(RECIPES / "valid.yaml"),
+            "--sampler.kk",
+            "3",
+            "--torch_optimizer.init_args.lrr",
+            "0.1",
+            "--ema.decy",
+            "0.5",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "sampler.init_args.kk: unknown option; did you mean sampler.init_args.k?" in err
+    assert "torch_optimizer.init_args.lrr: unknown option; did you mean torch_optimizer.init_args.lr?" in err
+    assert "ema.decy: unknown option; did you mean ema.decay?" in err
+
+
+def test_unknown_reward_option_with_no_close_name_lists_the_options(tmp_path):
+    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    cfg = toy_recipe(str(tmp_path))
+    cfg["rewards"] = [{"class_path": "toy-brightness", "init_args": {"zzzzzz": 1}}]
+    with pytest.raises(RecipeError) as err:
+        validate(cfg, host)
+    assert "rewards[0].init_args.zzzzzz: unknown option (options: " in str(err.value)
+
+
+def test_print_config_lists_every_component_default_and_validates_again(capsys, tmp_path):
+    assert cli.main(["train", "--recipe", str(RECIPES / "valid.yaml"), "--print_config"]) == 0
+    printed = capsys.readouterr().out
+    config = yaml.safe_load(printed)
+    optimizer_args = config["optimizer"]["init_args"]
+    for name in ("adv_clip_max", "kl_coef", "inner_epochs"):
+        assert name in optimizer_args, name
+    assert "k" in config["sampler"]["init_args"]
+    # The printed recipe is itself a valid recipe that prints the same.
+    (tmp_path / "printed.yaml").write_text(printed)
+    assert cli.main(["train", "--recipe", str(tmp_path / "printed.yaml"), "--print_config"]) == 0
+    assert capsys.readouterr().out == printed
+
+
+def test_a_run_saved_without_defaults_resumes_under_a_recipe_listing_them():
+    from rlpost.recipe import state_breaking_changes, with_defaults
+
+    bare = {"model": {"class_path": "rlpost.models.sd3.SD3Policy", "init_args": {"pretrained": "tiny-random"}}}
+    full = {"model": with_defaults(bare["model"])}
+    assert full["model"]["init_args"]["full_finetune"] is False  # the defaults were filled in
+    assert state_breaking_changes(bare, full) == []
+    changed = {"model": with_defaults({**bare["model"], "init_args": {"pretrained": "x"}})}
+    assert state_breaking_changes(bare, changed)
