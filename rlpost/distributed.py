@@ -21,7 +21,7 @@ import math
 import os
 import socket
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from rlpost.api import TrainBackend
 from rlpost.checkpoint import CheckpointError
-from rlpost.ema import ReplicatedWeights, WeightShards
+from rlpost.ema import ReplicatedWeights, WeightShards, swapped_in
 
 __all__ = [
     "FORBIDDEN_DS_KEYS",
@@ -410,22 +410,10 @@ class _FragmentShards:
             out.append(value.reshape(-1).narrow(0, addr.start, addr.numel).to(torch.float32))
         return out
 
-    @contextmanager
-    def loaded(self, shards: Sequence[Tensor]) -> Iterator[None]:
+    def loaded(self, shards: Sequence[Tensor]) -> AbstractContextManager[None]:
         """Gather each parameter's EMA into the (replicated) low-precision parameter; restore it locally on exit.
-        Collective on entry only."""
-        backup = []
-        with torch.no_grad():
-            for p, s in zip(self.parameters, shards, strict=True):
-                full = self._full(p, s)
-                backup.append(p.detach().clone())
-                p.copy_(full)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for p, b in zip(self.parameters, backup, strict=True):
-                    p.copy_(b)
+        Collective on entry only (one gather per parameter, lazily, just before its copy)."""
+        return swapped_in(self.parameters, (self._full(p, s) for p, s in zip(self.parameters, shards, strict=True)))
 
 
 class _Zero3Shards:

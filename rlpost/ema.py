@@ -25,7 +25,7 @@ are collective calls that every rank must make.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -74,6 +74,23 @@ class WeightShards(Protocol):
         ...
 
 
+@contextmanager
+def swapped_in(parameters: Sequence[nn.Parameter], values: Iterable[Tensor]) -> Iterator[None]:
+    """Copy ``values`` into ``parameters`` (one at a time, in order, so a lazy iterable may gather each value just
+    before it is copied), and copy the backed-up live values back on exit."""
+    backup = []
+    with torch.no_grad():
+        for p, v in zip(parameters, values, strict=True):
+            backup.append(p.detach().clone())
+            p.copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, b in zip(parameters, backup, strict=True):
+                p.copy_(b)
+
+
 class ReplicatedWeights:
     """Every process holds the full parameters (single process, DeepSpeed stage 0 without bf16).
 
@@ -101,19 +118,9 @@ class ReplicatedWeights:
             out.append(value.to(p.device, torch.float32))
         return out
 
-    @contextmanager
-    def loaded(self, shards: Sequence[Tensor]) -> Iterator[None]:
+    def loaded(self, shards: Sequence[Tensor]) -> AbstractContextManager[None]:
         """Copy ``shards`` into the parameters; copy the backed-up live values back on exit."""
-        backup = [p.detach().clone() for p in self.parameters]
-        with torch.no_grad():
-            for p, s in zip(self.parameters, shards, strict=True):
-                p.copy_(s)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for p, b in zip(self.parameters, backup, strict=True):
-                    p.copy_(b)
+        return swapped_in(self.parameters, shards)
 
 
 class EMA:
