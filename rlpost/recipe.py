@@ -813,7 +813,9 @@ def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
 
 
 def _refield(problem: str, field_name: str, where: str) -> str:
-    """Re-home a component's problem from the training field it assumes (``prompts...``) to ``where``."""
+    """Re-home a component's problem from the training field it assumes (``prompts...``) to ``where``, including
+    the command-line flags it suggests (``--prompts.path`` becomes ``--eval.sets.NAME.path``)."""
+    problem = problem.replace(f"--{field_name}.", f"--{where}.")
     for sep in (".", ":", "["):
         if problem.startswith(field_name + sep):
             return where + problem[len(field_name) :]
