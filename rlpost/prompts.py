@@ -267,15 +267,16 @@ class HFDatasetPrompts(PromptSource):
                 return [f"{where}.{problem}"]
         return []
 
-    def _column_problem(self, f: Path, builder: str | None) -> str | None:
+    def _column_problem(self, f: Path, builder: str | None, shown: str | None = None) -> str | None:
+        """Why ``f`` cannot give the prompt column (named ``shown``, default its path), or ``None``."""
         if builder is None:
             return None
         try:
             columns = _file_columns(f, builder)
         except (OSError, ValueError) as e:
-            return f"data_files: {f}: cannot read its columns ({e})"
+            return f"data_files: {shown or f}: cannot read its columns ({e})"
         if columns is not None and self.column not in columns:
-            return f"column: {f.name} has no column {self.column!r} (columns: {columns})"
+            return f"column: {shown or f} has no column {self.column!r} (columns: {columns})"
         return None
 
     def _validate_hub(self, where: str) -> list[str]:
@@ -296,7 +297,7 @@ class HFDatasetPrompts(PromptSource):
                 ]
             cached = try_to_load_from_cache(self.path, name, revision=self.revision, repo_type="dataset")
             if isinstance(cached, str):
-                problem = self._column_problem(Path(cached), _builder_of(Path(cached)))
+                problem = self._column_problem(Path(cached), _builder_of(Path(cached)), shown=name)
                 if problem is not None:
                     return [f"{where}.{problem} (dataset {self.path!r})"]
             else:
