@@ -12,7 +12,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -201,7 +201,7 @@ class HFDatasetPrompts(PromptSource):
         ``data_files`` and ``revision`` do not apply. This lets ``--prompts.path FILE`` replace a recipe's hub
         dataset with a local copy in one flag."""
         p = Path(self.path).expanduser()
-        return p if p.suffix in (*_SUFFIXES, ".txt") else None
+        return p if p.suffix in _PROMPT_SUFFIXES else None
 
     def _hub_id(self) -> str | None:
         """``path`` when it names a hub dataset (``owner/name``): not an existing local path, not written as one
@@ -262,7 +262,7 @@ class HFDatasetPrompts(PromptSource):
         for f in files:
             if not f.is_file():
                 return [f"{where}.data_files: file not found: {f}"]
-            problem = self._column_problem(f, _builder_of(f) if self.path not in _BUILDERS else self.path)
+            problem = self._column_problem(f, self.path)
             if problem is not None:
                 return [f"{where}.{problem}"]
         return []
@@ -279,6 +279,19 @@ class HFDatasetPrompts(PromptSource):
             return f"column: {shown or f} has no column {self.column!r} (columns: {columns})"
         return None
 
+    def _prompt_file_problem(self, f: Path, shown: str) -> str | None:
+        """Why prompt file ``f`` (read like :class:`PromptFile`, parquet through ``datasets``) lacks the prompt
+        column, judged from its header, schema or first record only (a large file is not parsed here)."""
+        if f.suffix == ".parquet":
+            return self._column_problem(f, "parquet", shown)
+        try:
+            columns = _prompt_file_columns(f)
+        except (OSError, ValueError) as e:
+            return f"data_files: {shown}: cannot read its columns ({e})"
+        if columns is not None and self.column not in columns:
+            return f"column: {shown} has no column {self.column!r} (columns: {columns})"
+        return None
+
     def _validate_hub(self, where: str) -> list[str]:
         """A hub id: each named file in the hub cache (``try_to_load_from_cache``, a file-system lookup), or the
         dataset in the ``datasets`` cache when no files are named. Not cached is a problem only offline."""
@@ -290,14 +303,14 @@ class HFDatasetPrompts(PromptSource):
             return [f"{where}.path: {self._not_cached(self.path, constants.HF_HUB_CACHE)}"]
         missing: list[str] = []
         for name in self._file_names():
-            if _builder_of(Path(name)) is None:
+            if Path(name).suffix not in _PROMPT_SUFFIXES:
                 return [
                     f"{where}.data_files: {name!r}: unsupported file type for a hub dataset "
-                    f"({', '.join(sorted(_SUFFIXES))})"
+                    f"({', '.join(_PROMPT_SUFFIXES)})"
                 ]
             cached = try_to_load_from_cache(self.path, name, revision=self.revision, repo_type="dataset")
             if isinstance(cached, str):
-                problem = self._column_problem(Path(cached), _builder_of(Path(cached)), shown=name)
+                problem = self._prompt_file_problem(Path(cached), shown=name)
                 if problem is not None:
                     return [f"{where}.{problem} (dataset {self.path!r})"]
             else:
@@ -378,15 +391,10 @@ class HFDatasetPrompts(PromptSource):
                 loaded = loaded[self.split]
             ds = loaded
         elif (local := self._prompt_file()) is not None:
-            if local.suffix != ".parquet":
-                return self._select(PromptFile(str(local), field=self.column).load())
-            ds = datasets.load_dataset("parquet", data_files=[str(local)], split="train")
+            return self._select(self._file_rows(local, self.path))
         elif self._hub_id() is not None and self.data_files is not None:
-            files = self._fetch_hub_files()
-            builders = {_builder_of(Path(f)) for f in files}
-            if len(builders) != 1 or None in builders:
-                raise ValueError(f"hub dataset {self.path!r}: data_files must share one type ({sorted(_SUFFIXES)})")
-            ds = datasets.load_dataset(builders.pop(), data_files=files, split=self.split)
+            files = zip(self._fetch_hub_files(), self._file_names(), strict=True)
+            return self._select(row for path, name in files for row in self._file_rows(Path(path), name))
         else:
             if self._hub_id() is not None and not _offline():
                 print(
@@ -401,6 +409,20 @@ class HFDatasetPrompts(PromptSource):
         return self._select(
             (str(record[self.column]), {k: v for k, v in record.items() if k != self.column}) for record in ds
         )
+
+    def _file_rows(self, path: Path, shown: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Rows of one prompt file: text formats read like :class:`PromptFile` (the same reader whatever the
+        ``datasets`` version; a JSON list of strings is a list of prompts), parquet through ``datasets``."""
+        if path.suffix != ".parquet":
+            yield from PromptFile(str(path), field=self.column).load()
+            return
+        import datasets  # heavy import, only when used
+
+        ds = datasets.load_dataset("parquet", data_files=[str(path)], split="train")
+        if self.column not in ds.column_names:
+            raise ValueError(f"{shown}: no column {self.column!r} (columns: {ds.column_names})")
+        for record in ds:
+            yield str(record[self.column]), {k: v for k, v in record.items() if k != self.column}
 
     def _select(self, rows: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
         """Apply ``unique`` (first record of each prompt) then ``limit``, reading no further than needed."""
@@ -420,12 +442,8 @@ class HFDatasetPrompts(PromptSource):
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 """A hub dataset id ``owner/name`` (huggingface_hub's validator is stricter; this only tells a hub id from a local
 path or a builder name)."""
-_SUFFIXES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-def _builder_of(path: Path) -> str | None:
-    """The packaged ``datasets`` builder that reads a data file, by its suffix (``None``: not supported)."""
-    return _SUFFIXES.get(path.suffix)
+_PROMPT_SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".parquet")
+"""Prompt files ``hf-dataset`` reads itself (a local ``path`` or a hub dataset's ``data_files``)."""
 
 
 def _offline() -> bool:
@@ -467,16 +485,40 @@ HPD v2's 116 MB train.json, are not parsed whole during validation)."""
 def _first_array_columns(head: str) -> list[str] | None:
     """Fields of the first element of the JSON array that ``head`` begins: an object's keys; ``["text"]`` for a
     string (``datasets`` reads a list of strings as a ``text`` column); ``None`` if not decodable from ``head``."""
-    body = head.lstrip()[1:].lstrip()
-    if body.startswith("]"):
-        return []
-    try:
-        first, _ = json.JSONDecoder().raw_decode(body)
-    except json.JSONDecodeError:
-        return None  # the first element is longer than the head read
+    first = _first_array_element(head)
     if isinstance(first, dict):
         return list(first)
     return ["text"] if isinstance(first, str) else None
+
+
+def _first_array_element(head: str) -> Any:
+    """The first element of the JSON array that ``head`` begins (``None``: empty, or longer than ``head``)."""
+    body = head.lstrip()[1:].lstrip()
+    try:
+        first, _ = json.JSONDecoder().raw_decode(body)
+    except json.JSONDecodeError:
+        return None  # empty, or the first element is longer than the head read
+    return first
+
+
+def _prompt_file_columns(path: Path) -> list[str] | None:
+    """Fields a :class:`PromptFile` record of ``path`` offers, from the header or first record (``None``: any field
+    works, as for a text file or a JSON list of strings, or not determinable cheaply)."""
+    if path.suffix == ".txt":
+        return None
+    if path.suffix == ".csv":
+        return _file_columns(path, "csv")
+    with path.open(encoding="utf-8") as fh:
+        head = fh.read(_ARRAY_PEEK)
+    if path.suffix == ".json" and head.lstrip().startswith("["):
+        first = _first_array_element(head)
+    else:
+        line = head.lstrip().split("\n", 1)[0]
+        try:
+            first = json.loads(line) if line else None
+        except json.JSONDecodeError:
+            return None  # PromptFile names the malformed line when loading
+    return list(first) if isinstance(first, dict) else None
 
 
 class PromptStream:

@@ -47,12 +47,28 @@ def test_cached_hub_files_validate_and_load_offline(hub_cache):
     assert [p for p, _ in limited] == ["a cat on a sofa", "a lighthouse at dusk"]
 
 
-def test_cached_benchmark_lists_of_strings_read_as_text(hub_cache):
+def test_cached_benchmark_lists_of_strings_are_prompts(hub_cache):
+    """HPD v2's benchmark files are JSON lists of strings: read as prompts, in data_files order, whatever the column."""
     files = {"benchmark/anime.json": json.dumps(["an anime fox", "a mecha"]), "benchmark/photo.json": '["a dock"]'}
     hub_dataset_standin(hub_cache, "zhwang/HPDv2", files)
-    source = HFDatasetPrompts("zhwang/HPDv2", data_files=sorted(files), column="text")
+    source = HFDatasetPrompts("zhwang/HPDv2", data_files=sorted(files))
     assert source.validate(None) == []
-    assert [p for p, _ in source.load()] == ["an anime fox", "a mecha", "a dock"]
+    assert source.load() == [("an anime fox", {}), ("a mecha", {}), ("a dock", {})]
+
+
+def test_cached_jsonl_csv_and_parquet_hub_files(hub_cache, tmp_path):
+    snapshot = hub_dataset_standin(
+        hub_cache,
+        "someone/prompts",
+        {"a.jsonl": '{"prompt": "x", "k": 1}\n{"prompt": "y", "k": 2}\n', "b.csv": "prompt\nz\n"},
+    )
+    pq.write_table(pa.table({"prompt": ["w"], "k": [3]}), snapshot / "c.parquet")
+    source = HFDatasetPrompts("someone/prompts", data_files=["a.jsonl", "b.csv", "c.parquet"])
+    assert source.validate(None) == []
+    assert source.load() == [("x", {"k": 1}), ("y", {"k": 2}), ("z", {}), ("w", {"k": 3})]
+    for name in ("a.jsonl", "b.csv", "c.parquet"):
+        problem = HFDatasetPrompts("someone/prompts", data_files=name, column="caption").validate(None)
+        assert problem and problem[0].startswith(f"prompts.init_args.column: {name} has no column 'caption'")
 
 
 def test_cached_file_without_the_column_is_a_validation_problem(hub_cache):
