@@ -147,25 +147,31 @@ def _json(text: str, where: str) -> Any:
 
 
 class HFDatasetPrompts(PromptSource):
-    """Prompts from a Hugging Face ``datasets`` dataset: a hub dataset id (fetched and cached on first use, e.g. the
-    HPD v2 prompts), a local ``save_to_disk`` directory, or a packaged builder (``parquet``, ``json``, ``csv``) over
-    local data files.
+    """Prompts from a Hugging Face dataset: a hub dataset id (fetched and cached on first use, e.g. the HPD v2
+    prompts), a local prompt file, a local ``save_to_disk`` directory, or a packaged ``datasets`` builder
+    (``parquet``, ``json``, ``csv``) over local data files.
 
     A hub id with ``data_files`` names files inside the dataset repository: they are fetched with
     ``huggingface_hub.hf_hub_download`` into the hub cache (``$HF_HOME/hub``; later runs, also offline, reuse them)
-    and read with the builder their suffix names. This also reads repositories whose loading script ``datasets``
-    no longer runs. A hub id without ``data_files`` is loaded with ``datasets.load_dataset`` as the repository
-    describes itself (cached under ``$HF_HOME/datasets``).
+    and read like local prompt files (:class:`PromptFile` for txt/jsonl/json/csv, ``datasets`` for parquet). This
+    also reads repositories whose loading script ``datasets`` no longer runs. A hub id without ``data_files`` is
+    loaded with ``datasets.load_dataset`` as the repository describes itself (cached under ``$HF_HOME/datasets``).
+    A ``path`` ending in a prompt-file suffix is that local file, so ``--prompts.path FILE`` swaps a recipe's hub
+    dataset for a local copy (``data_files`` and ``revision`` then do not apply).
+
+    Validation never downloads: hub files are looked up in the cache (offline and not cached is a problem naming
+    what is missing and how to provide it); cached files have their column checked from the first record.
 
     Args:
-        path: Hub dataset id (``owner/name``), builder name (``parquet``, ``json``, ``csv``) or a local dataset
-            directory.
-        split: Split to read (files named by ``data_files`` form the split ``train``).
-        column: Column holding the prompt; other columns become metadata.
+        path: Hub dataset id (``owner/name``), local prompt file (``.txt``, ``.jsonl``, ``.json``, ``.csv``,
+            ``.parquet``), builder name (``parquet``, ``json``, ``csv``) or local dataset directory.
+        split: Split to read (hub ids without ``data_files``, ``save_to_disk`` dataset dicts).
+        column: Column/field holding the prompt; other columns become metadata (a JSON list of strings or a text
+            file needs none).
         data_files: Data files: local paths for builder names, file names inside the repository for hub ids.
         limit: Keep only the first ``limit`` prompts (after ``unique``).
-        unique: Keep each distinct prompt once (its first record), for datasets with one record per annotated
-            image pair where a prompt repeats.
+        unique: Keep each distinct prompt once (its first record), for datasets where a prompt appears in several
+            records (e.g. one per annotated image pair).
         revision: Hub revision (branch, tag or commit) of a hub id; default the main branch.
     """
 
