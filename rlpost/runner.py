@@ -482,6 +482,8 @@ class Runner:
             "recipe_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
             "base_model": (r.config.get("model", {}).get("init_args") or {}).get("pretrained"),
             "components": {k: getattr(r, k).name for k in ("model", "sampler", "advantage", "optimizer")},
+            # Which plugin registered each: the sampler's names the algorithm on the exported model card.
+            "origins": {k: component_origin(self.host, k, getattr(r, k))[1] for k in ("sampler", "advantage")},
             "rewards": [reward.name for reward in r.rewards],
             "ema": self.ema is not None,
         }
