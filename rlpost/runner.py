@@ -338,7 +338,9 @@ class Runner:
             return
         total = scores.weighted_sum()
         captions = [f"{p} | r={float(v):.3g}" for p, v in zip(rollout.sample_prompts, total, strict=True)]
-        save_grid(rollout.images, captions, self.rundir.path / "grids" / f"step_{self.ctx.step:06d}.png")
+        grid = save_grid(rollout.images, captions, self.rundir.path / "grids" / f"step_{self.ctx.step:06d}.png")
+        if self.logger is not None:
+            self.logger.log_image(self.ctx.step, "samples/grid", grid)
 
     @staticmethod
     def _metrics(
