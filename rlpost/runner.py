@@ -39,7 +39,7 @@ from rlpost.checkpoint import (
 from rlpost.contract import RewardScores, Rollout, Stash
 from rlpost.distributed import DeepSpeedBackend, World
 from rlpost.ema import EMA
-from rlpost.evaluation import Evaluator
+from rlpost.evaluation import Evaluator, image_dir
 from rlpost.export import load_trainable, trainable_weights, write_diffusers_artifacts
 from rlpost.guards import Guards
 from rlpost.images import save_grid
@@ -537,6 +537,10 @@ class Runner:
             metrics = self.evaluator.evaluate(self.ctx.step, self.ctx.is_main_process)
         if self.logger is not None:
             self.logger.log_trackers(self.ctx.step, metrics)
+            for name in self.evaluator.spec.sets:  # the captioned held-out grids evaluation just wrote
+                grid = image_dir(self.rundir.path, name, self.ctx.step).with_suffix(".png")
+                if grid.is_file():
+                    self.logger.log_image(self.ctx.step, f"eval/{name}/grid" if name else "eval/grid", grid)
         return metrics
 
     def _periodic(self) -> None:

@@ -45,6 +45,12 @@ def test_tensorboard_gets_grids_recipe_and_hparams(tmp_path):
     run = tmp_path / "run"
     cfg = toy_recipe(str(run), max_steps=3, device="cpu")
     cfg["logging"] = {"tensorboard": True, "grid_every": 1}
+    cfg["eval"] = {
+        "prompts": {"class_path": "prompt-list", "init_args": {"prompts": ["held out one", "held out two"]}},
+        "num_steps": 2,
+        "every": 2,
+        "batch_size": 2,
+    }
     Runner(validate(cfg, host), host).run()
 
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "tensors": 0, "scalars": 0})
@@ -60,6 +66,13 @@ def test_tensorboard_gets_grids_recipe_and_hparams(tmp_path):
         assert (event.height, event.width) == on_disk.shape[:2]
         np.testing.assert_array_equal(logged, on_disk)  # PNG is lossless
 
+    # The held-out grids of each evaluation (step 0, every 2 steps, the end).
+    evals = acc.Images("eval/grid")
+    assert [e.step for e in evals] == [0, 2, 3]
+    for event in evals:
+        on_disk = np.asarray(Image.open(run / "eval" / f"step_{event.step:06d}.png").convert("RGB"))
+        np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(event.encoded_image_string))), on_disk)
+
     # The resolved recipe, as YAML text.
     (text_event,) = acc.Tensors("recipe/text_summary")
     text = text_event.tensor_proto.string_val[0].decode()
@@ -69,7 +82,7 @@ def test_tensorboard_gets_grids_recipe_and_hparams(tmp_path):
     content = acc.PluginTagToContent("hparams")
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
     metrics = {m.name.tag for m in experiment.metric_infos}
-    assert "reward/weighted" in metrics and "reward/toy-brightness" in metrics
+    assert {"reward/weighted", "reward/toy-brightness", "eval/toy-brightness"} <= metrics
     assert not any(m.startswith("perf/") for m in metrics)
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
     hparams = start.session_start_info.hparams
