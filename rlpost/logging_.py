@@ -28,6 +28,7 @@ __all__ = ["LoggingConfig", "MetricsLogger", "flat_hparams", "missing_tracker_pa
 
 # Metric series the HParams dashboard compares runs by (the rest are diagnostics with their own scalar charts).
 HPARAM_METRIC_PREFIXES = ("reward/", "eval/")
+MAX_HPARAM_LIST = 8
 
 
 @dataclass
@@ -142,7 +143,8 @@ class MetricsLogger:
 def flat_hparams(recipe: dict[str, Any]) -> dict[str, bool | int | float | str]:
     """The recipe's scalar settings under dotted keys (``torch_optimizer.init_args.lr``, ``rewards.0.class_path``).
 
-    Lists are indexed; ``None`` and non-finite floats are left out (the HParams plugin cannot store them).
+    Lists are indexed, and one longer than :data:`MAX_HPARAM_LIST` becomes the string ``"[N items]"``; ``None`` and
+    non-finite floats are left out (the HParams plugin cannot store them).
     """
     flat: dict[str, bool | int | float | str] = {}
 
@@ -150,6 +152,8 @@ def flat_hparams(recipe: dict[str, Any]) -> dict[str, bool | int | float | str]:
         if isinstance(value, dict):
             for key, item in value.items():
                 walk(f"{prefix}.{key}" if prefix else str(key), item)
+        elif isinstance(value, (list, tuple)) and len(value) > MAX_HPARAM_LIST:
+            flat[prefix] = f"[{len(value)} items]"  # a prompt list is data, not thousands of hyperparameters
         elif isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
                 walk(f"{prefix}.{i}", item)

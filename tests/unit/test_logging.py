@@ -20,6 +20,7 @@ from tests.toy_components import toy_recipe
 def test_flat_hparams_dotted_scalars_only():
     recipe = {
         "run": {"seed": 3, "device": "cpu", "progress": False, "note": None},
+        "prompts": {"init_args": {"prompts": [f"prompt {i}" for i in range(1000)]}},
         "rewards": [{"class_path": "a", "weight": 0.5}, {"class_path": "b", "weight": float("nan")}],
         "torch_optimizer": {"init_args": {"lr": 1e-4, "betas": [0.9, 0.999]}},
     }
@@ -27,6 +28,7 @@ def test_flat_hparams_dotted_scalars_only():
         "run.seed": 3,
         "run.device": "cpu",
         "run.progress": False,
+        "prompts.init_args.prompts": "[1000 items]",
         "rewards.0.class_path": "a",
         "rewards.0.weight": 0.5,
         "rewards.1.class_path": "b",
