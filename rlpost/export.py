@@ -117,7 +117,10 @@ def _base_license(base: str | None, local: Path | None) -> dict[str, str]:
     """
     readme: Path | None = local / "README.md" if local is not None else None
     if (readme is None or not readme.is_file()) and base is not None and _HUB_ID.match(base):
-        cached = try_to_load_from_cache(base, "README.md")
+        try:
+            cached = try_to_load_from_cache(base, "README.md")
+        except ValueError:  # huggingface_hub refuses the id (e.g. "a/b..c"): nothing cached under it
+            cached = None
         readme = Path(cached) if isinstance(cached, str) else None
     if readme is None or not readme.is_file():
         return {}

@@ -155,6 +155,8 @@ def test_model_card_local_base_and_no_base(tmp_path):
     (local / "README.md").write_text("---\nlicense: mit\n---\n")
     data = _card(tmp_path, str(local)).data
     assert data.base_model == str(local.resolve()) and data.license == "mit"
+    odd = _card(tmp_path, "org/name..bad").data  # not a valid Hub id: kept, and the cache lookup does not raise
+    assert odd.base_model == "org/name..bad" and odd.license == "other"
     none = _card(tmp_path, None).data
     assert none.base_model is None and getattr(none, "base_model_relation", None) is None
     assert none.license == "other" and none.pipeline_tag == "text-to-image"
