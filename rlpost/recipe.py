@@ -301,11 +301,39 @@ def _read_yaml(path: str) -> dict[str, Any]:
         data = load_yaml(text, path)
     except yaml.YAMLError as exc:
         raise RecipeError([f"{path}: not valid YAML: {_clip(str(exc), MAX_PROBLEM_CHARS)}"]) from None
+    problem = _string_beyond_limits(data)
+    if problem is not None:
+        raise RecipeError([f"{path}: {problem}"])
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise RecipeError([f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}"])
     return data
+
+
+def _string_beyond_limits(data: Any, where: str = "") -> str | None:
+    """The first string in ``data`` that is YAML beyond the limits of :mod:`rlpost.yaml_limits`, as a problem naming
+    its field, or ``None``. jsonargparse parses a string given for a number, list or mapping field as YAML again, with
+    its own loader (``jsonargparse._typehints.adapt_typehints``), so a quoted alias bomb would expand there."""
+    if isinstance(data, dict):
+        items: Iterable[tuple[str, Any]] = ((f"{where}.{k}" if where else str(k), v) for k, v in data.items())
+    elif isinstance(data, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(data))
+    elif isinstance(data, str) and any(c in data for c in "*[{"):  # aliases and nesting need one of these
+        try:
+            load_yaml(data, where)
+        except YamlLimitError as exc:
+            return f"{where or 'value'}: not valid YAML inside a string: {exc}"
+        except yaml.YAMLError:
+            pass  # not YAML: an ordinary string
+        return None
+    else:
+        return None
+    for key, value in items:
+        problem = _string_beyond_limits(value, key)
+        if problem is not None:
+            return problem
+    return None
 
 
 def _set_path(cfg: dict[str, Any], dotted: str, value: Any) -> None:
@@ -1017,11 +1045,15 @@ def _check_value_limits(argv: Sequence[str]) -> None:
         if not value:
             continue
         try:
-            load_yaml(value, option)
+            loaded = load_yaml(value, option)
         except YamlLimitError as exc:
             raise RecipeError([f"{option}: not valid YAML: {exc}"]) from None
         except yaml.YAMLError:
-            pass  # not YAML: a plain string
+            continue  # not YAML: a plain string
+        if not isinstance(loaded, str):  # a string value is the token itself, checked above
+            problem = _string_beyond_limits(loaded)
+            if problem is not None:
+                raise RecipeError([f"{option}: {problem}"])
 
 
 def _recipe_files(argv: Sequence[str]) -> list[str]:
