@@ -11,9 +11,10 @@
     rlpost --version
     rlpost bench    --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]   (rlpost.bench)
 
-Recipes are merged in order (later files overlay earlier ones), then ``--a.b value`` overrides apply (values are
-parsed as YAML; ``--sampler.k 4`` means ``sampler.init_args.k``). ``rlpost train --help`` lists every option with
-the help text taken from the components' docstrings; ``--sampler.help tree`` lists one component's options.
+Recipe files and ``--a.b value`` options are merged by jsonargparse in command-line order: a later file or option
+overlays earlier ones (values are parsed as YAML; ``--sampler.k 4`` means ``sampler.init_args.k``).
+``rlpost train --help`` lists every option with the help text taken from the components' docstrings;
+``--sampler.help tree`` lists one component's options.
 Third-party progress bars and notices are silenced; ``RLPOST_VERBOSE=1`` keeps them.
 """
 
