@@ -995,6 +995,14 @@ NAMED_OPTIONS: dict[str, str] = {
     **{key: kind for key, (_, kind) in COMPONENT_KEYS.items()},
     "eval.prompts": "prompts",
 }
+# List and mapping fields whose ``--KEY.help NAME`` names one component (``--KEY NAME`` gives the whole list).
+NAMED_HELP_OPTIONS: dict[str, str] = {
+    **NAMED_OPTIONS,
+    **{key: kind for key, (_, kind) in LIST_KEYS.items()},
+    "eval.sets": "prompts",
+    "eval.rewards": "reward",
+    "eval.judges": "reward",
+}
 
 
 def _resolve_argv_names(argv: Sequence[str], host: PluginHost) -> list[str]:
@@ -1009,7 +1017,8 @@ def _resolve_argv_names(argv: Sequence[str], host: PluginHost) -> list[str]:
     for i, token in enumerate(out):
         option, eq, value = token.partition("=")
         key = option[2:].removesuffix(".class_path").removesuffix(".help") if option.startswith("--") else ""
-        if key not in NAMED_OPTIONS:
+        kinds = NAMED_HELP_OPTIONS if option.endswith(".help") else NAMED_OPTIONS
+        if key not in kinds:
             continue
         at = i if eq else i + 1
         if not eq:
@@ -1020,7 +1029,7 @@ def _resolve_argv_names(argv: Sequence[str], host: PluginHost) -> list[str]:
             continue  # a class path, the next option, or an inline mapping: jsonargparse reads it
         problems: list[str] = []
         resolved = _resolve_component(
-            value, key + (".help" if option.endswith(".help") else ""), NAMED_OPTIONS[key], host, problems
+            value, key + (".help" if option.endswith(".help") else ""), kinds[key], host, problems
         )
         if resolved is None:
             raise RecipeError([p.replace(".help.class_path:", ".help:") for p in problems])

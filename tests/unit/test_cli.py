@@ -177,3 +177,10 @@ def test_a_run_saved_before_nested_defaults_were_listed_resumes(tmp_path):
     assert state_breaking_changes({"model": saved}, cfg) == []
     cfg["model"]["init_args"]["lora"]["rank"] = 8
     assert state_breaking_changes({"model": saved}, cfg)
+
+
+def test_component_help_for_list_fields_takes_one_components_name(capsys):
+    assert cli.main(["train", "--rewards.help", "jpeg-compressibility"]) == 0
+    assert "--rewards.quality" in capsys.readouterr().out
+    assert cli.main(["train", "--eval.judges.help", "jpeg-compresibility"]) == 2
+    assert "did you mean 'jpeg-compressibility'" in capsys.readouterr().err
