@@ -33,6 +33,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import json
 import math
 import re
 import typing
@@ -1018,15 +1019,20 @@ def _resolve_argv_names(argv: Sequence[str], host: PluginHost) -> list[str]:
         option, eq, value = token.partition("=")
         key = option[2:].removesuffix(".class_path").removesuffix(".help") if option.startswith("--") else ""
         kinds = NAMED_HELP_OPTIONS if option.endswith(".help") else NAMED_OPTIONS
-        if key not in kinds:
+        inline = option == f"--{key}" and key in NAMED_HELP_OPTIONS  # may be given as a YAML mapping or list
+        if key not in kinds and not inline:
             continue
         at = i if eq else i + 1
         if not eq:
             if at >= len(out):
                 continue  # jsonargparse reports the missing value
             value = out[at]
-        if "." in value or value.startswith(("-", "{", "[")):
-            continue  # a class path, the next option, or an inline mapping: jsonargparse reads it
+        if inline and value.lstrip().startswith(("{", "[")):
+            resolved_value = _resolve_inline(key, value, host)
+            out[at] = f"{option}={resolved_value}" if eq else resolved_value
+            continue
+        if key not in kinds or "." in value or value.startswith("-"):
+            continue  # a class path or the next option: jsonargparse reads it
         problems: list[str] = []
         resolved = _resolve_component(
             value, key + (".help" if option.endswith(".help") else ""), kinds[key], host, problems
@@ -1035,6 +1041,26 @@ def _resolve_argv_names(argv: Sequence[str], host: PluginHost) -> list[str]:
             raise RecipeError([p.replace(".help.class_path:", ".help:") for p in problems])
         out[at] = f"{option}={resolved['class_path']}" if eq else resolved["class_path"]
     return out
+
+
+def _resolve_inline(key: str, value: str, host: PluginHost) -> str:
+    """A YAML mapping or list given for the component field ``key`` (``--rewards '[jpeg-compressibility]'``), with
+    its registered names resolved as in a recipe file (:func:`_resolve_names`), as JSON for jsonargparse; ``value``
+    itself when it is no YAML (jsonargparse reports that)."""
+    try:
+        loaded = load_yaml(value, f"--{key}")
+    except yaml.YAMLError:
+        return value
+    doc: dict[str, Any] = {}
+    node = doc
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = loaded
+    node = _resolve_names(doc, host)
+    for part in parents:
+        node = node[part]
+    return json.dumps(node[leaf])
 
 
 def _check_value_limits(argv: Sequence[str]) -> None:
@@ -1188,15 +1214,15 @@ def _parse_problem(message: str) -> tuple[str, str | None]:
 
 def _recipe_from_namespace(parser: ArgumentParser, namespace: Namespace) -> dict[str, Any]:
     """The recipe fields of jsonargparse's ``namespace`` as plain data: unset components are left out (so
-    :func:`validate` reports required ones as missing), as is an ``eval`` section with no prompt source and only
-    default settings (evaluation is optional)."""
+    :func:`validate` reports required ones as missing), as is an ``eval`` section with no component and only default
+    settings (evaluation is optional)."""
     dumped = yaml.safe_load(parser.dump(namespace, skip_validation=True)) or {}
     cfg = {k: v for k, v in dumped.items() if k in ALL_KEYS and not (v is None and k in REQUIRED_KEYS)}
     section = cfg.pop("eval", None)
     if isinstance(section, dict):
         section = {k: v for k, v in section.items() if v is not None}
         defaults = dataclasses.asdict(EvalSettings())
-        if "prompts" in section or "sets" in section or any(section.get(k, v) != v for k, v in defaults.items()):
+        if set(section) - set(defaults) or any(section.get(k, v) != v for k, v in defaults.items()):
             cfg["eval"] = section
     return cfg
 

@@ -184,3 +184,20 @@ def test_component_help_for_list_fields_takes_one_components_name(capsys):
     assert "--rewards.quality" in capsys.readouterr().out
     assert cli.main(["train", "--eval.judges.help", "jpeg-compresibility"]) == 2
     assert "did you mean 'jpeg-compressibility'" in capsys.readouterr().err
+
+
+def test_inline_yaml_components_on_the_command_line_resolve_registered_names(monkeypatch, tmp_path, capsys):
+    recipe = _toy_cli(monkeypatch, tmp_path)
+    printed = _printed(
+        capsys,
+        "--recipe",
+        str(recipe),
+        "--rewards",
+        "[toy-brightness]",
+        "--sampler={class_path: toy-chain, num_steps: 2}",
+    )
+    assert printed["rewards"] == [{"class_path": "tests.toy_components.ToyMeanReward"}]
+    assert printed["sampler"]["init_args"]["num_steps"] == 2
+    # An eval section given only on the command line is kept, so its missing prompt source is reported.
+    assert cli.main(["validate", "--recipe", str(recipe), "--eval.judges", "[toy-brightness]"]) == 2
+    assert "eval.prompts: missing" in capsys.readouterr().err
