@@ -947,11 +947,11 @@ _PARSE_HOST: ContextVar[PluginHost | None] = ContextVar("rlpost_recipe_parse_hos
 
 def _recipe_loader(text: str) -> Any:
     """The YAML loader jsonargparse uses for ``--recipe`` files and command-line values (registered below with
-    ``jsonargparse.set_loader``; https://jsonargparse.readthedocs.io/en/stable/#parsers-configuration): the limits
+    ``jsonargparse.set_loader``; https://jsonargparse.readthedocs.io/en/stable/#custom-loaders): the limits
     of :mod:`rlpost.yaml_limits` (size, nesting, alias expansion) apply to everything jsonargparse loads. In a recipe
     document, registered short component names (``sampler: tree``) become dotted class paths, because jsonargparse
     resolves a ``class_path`` only from an import path or a subclass's class name
-    (https://jsonargparse.readthedocs.io/en/stable/#class-type-and-sub-classes), not from a plugin registry."""
+    (https://jsonargparse.readthedocs.io/en/stable/#class-type-and-subclasses), not from a plugin registry."""
     data = load_yaml(text, "recipe")
     host = _PARSE_HOST.get()
     if host is not None and isinstance(data, dict):
@@ -1237,7 +1237,7 @@ def build_parser(prog: str = "rlpost train") -> ArgumentParser:
         exit_on_error=False,
         parser_mode=RECIPE_PARSER_MODE,
         # rlpost's --print_config prints the recipe after validate() resolved it (rlpost/cli.py), not jsonargparse's
-        # unvalidated namespace: https://jsonargparse.readthedocs.io/en/stable/#configuration-files
+        # unvalidated namespace: https://jsonargparse.readthedocs.io/en/stable/#writing-configuration-files
         print_config=None,
     )
     parser.add_argument(
