@@ -89,7 +89,7 @@ def flux_sigmas(num_steps: int, mu: float, scheduler_config: Any) -> Tensor:
 
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-    scheduler: Any = FlowMatchEulerDiscreteScheduler.from_config(dict(scheduler_config))
+    scheduler: Any = FlowMatchEulerDiscreteScheduler.from_config(dict(scheduler_config))  # type: ignore[no-untyped-call]
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu, device="cpu")
     sigmas: Tensor = scheduler.sigmas.to(torch.float32)
     return sigmas
@@ -386,7 +386,7 @@ class FluxPolicy(Policy):
         tokens = pack_latents(latents.to(self.device, self._dtype))
         # FluxPipeline: t = 1000·σ (fp32), cast to the latents' dtype, then divided by 1000.
         timestep = timesteps_from_sigmas(sigma).to(self._dtype) / 1000
-        transformer = (
+        transformer: Any = (
             self._ref_transformer if (self._use_ref and self._ref_transformer is not None) else self.transformer
         )
         guidance = None

@@ -104,9 +104,7 @@ def test_initial_noise_is_the_pipelines(make_flux_policy: Callable[..., FluxPoli
     assert torch.equal(pack_latents(ours), packed)
 
 
-def test_sigmas_dynamic_shift_from_resolution(
-    make_flux_policy: Callable[..., FluxPolicy], tiny_flux_dir: Path
-) -> None:
+def test_sigmas_dynamic_shift_from_resolution(make_flux_policy: Callable[..., FluxPolicy], tiny_flux_dir: Path) -> None:
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
     policy = make_flux_policy()
@@ -125,7 +123,8 @@ def test_sigmas_dynamic_shift_from_resolution(
     assert (big.sigmas(7)[1:-1] > policy.sigmas(7)[1:-1]).all()
     static = make_flux_policy(time_grid="shifted-linspace")
     assert torch.equal(static.sigmas(7), shifted_linspace_sigmas(7, 3.0))  # the config's shift, DanceGRPO's 3
-    assert torch.equal(make_flux_policy(time_grid="shifted-linspace", shift=2.0).sigmas(3), shifted_linspace_sigmas(3, 2.0))
+    two = make_flux_policy(time_grid="shifted-linspace", shift=2.0)
+    assert torch.equal(two.sigmas(3), shifted_linspace_sigmas(3, 2.0))
     assert policy.clean_tail_steps() == 1 and static.clean_tail_steps() == 1
 
 
