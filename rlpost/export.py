@@ -77,21 +77,23 @@ def write_diffusers_artifacts(policy: Policy, directory: Path) -> list[str]:
 
 
 def _model_card(manifest: dict[str, Any], run_dir: Path, kind: str) -> str:
+    # Family-agnostic usage: DiffusionPipeline picks the pipeline class (StableDiffusion3Pipeline, FluxPipeline, ...)
+    # from the base model's model_index.json, AutoModel the transformer class from its config.json.
     comps = manifest.get("components", {})
     base = manifest.get("base_model", "unknown")
     rewards = ", ".join(manifest.get("rewards", [])) or "unknown"
     algorithm = " + ".join(f"{k}={comps[k]}" for k in ("sampler", "advantage", "optimizer") if k in comps)
     if kind == LORA_DIR:
         usage = (
-            "```python\nfrom diffusers import StableDiffusion3Pipeline\n\n"
-            f'pipe = StableDiffusion3Pipeline.from_pretrained("{base}")\n'
+            "```python\nfrom diffusers import DiffusionPipeline\n\n"
+            f'pipe = DiffusionPipeline.from_pretrained("{base}")\n'
             'pipe.load_lora_weights("<this directory>")\n```\n'
         )
     else:
         usage = (
-            "```python\nfrom diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline\n\n"
-            'transformer = SD3Transformer2DModel.from_pretrained("<this directory>/transformer")\n'
-            f'pipe = StableDiffusion3Pipeline.from_pretrained("{base}", transformer=transformer)\n```\n'
+            "```python\nfrom diffusers import AutoModel, DiffusionPipeline\n\n"
+            'transformer = AutoModel.from_pretrained("<this directory>/transformer")\n'
+            f'pipe = DiffusionPipeline.from_pretrained("{base}", transformer=transformer)\n```\n'
         )
     return (
         f"---\nlibrary_name: diffusers\nbase_model: {base}\ntags: [rlpost, text-to-image, rl-post-training]\n---\n\n"

@@ -123,8 +123,6 @@ class FluxPolicy(Policy):
     """
 
     name: ClassVar[str] = "flux"
-    pipeline_class: ClassVar[str] = "FluxPipeline"
-    transformer_class: ClassVar[str] = "FluxTransformer2DModel"
 
     def __init__(
         self,
