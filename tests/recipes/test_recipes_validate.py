@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpost.models.flux import FluxPolicy
 from rlpost.models.sd3 import SD3Policy
 from rlpost.plugins import PluginHost
 from rlpost.recipe import merge_sources, validate
@@ -32,7 +33,8 @@ def host() -> PluginHost:
 
 @pytest.fixture(autouse=True)
 def no_weights(monkeypatch):
-    monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
+    for policy in (SD3Policy, FluxPolicy):
+        monkeypatch.setattr(policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
 
 
 def _required_data(*recipes: Path) -> list[str]:
