@@ -79,6 +79,19 @@ def test_ode_sampling_reproduces_pipeline(make_flux_policy: Callable[..., FluxPo
     assert img.shape == (2, 32, 32, 3) and img.dtype == torch.uint8
     ref_img = _pipe_latents(pipe, x0, PROMPTS, NFE, output_type="pt")  # [B, 3, H, W] in [0, 1]
     assert_pixels_close(img, (ref_img * 255).round().to(torch.uint8).permute(0, 2, 3, 1))
+    # The same prompt embeddings (our cache) and the same seed (the pipeline draws its own noise): the same images.
+    cond = policy.encode(PROMPTS).tensors
+    seeded = pipe(
+        prompt_embeds=cond["prompt_embeds"],
+        pooled_prompt_embeds=cond["pooled_prompt_embeds"],
+        generator=torch.Generator().manual_seed(0),
+        num_inference_steps=NFE,
+        guidance_scale=3.5,
+        height=32,
+        width=32,
+        output_type="pt",
+    ).images
+    assert_pixels_close(img, (seeded * 255).round().to(torch.uint8).permute(0, 2, 3, 1))
 
 
 def test_guidance_is_a_transformer_input(make_flux_policy: Callable[..., FluxPolicy], tiny_flux_dir: Path) -> None:
