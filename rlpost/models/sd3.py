@@ -2,8 +2,8 @@
 
 Everything SD3 specific lives here: loading ``StableDiffusion3Pipeline``, prompt encoding with its three text
 encoders, the ``SD3Transformer2DModel`` call signature, the latent shape and the VAE scaling/shift. Samplers see only
-``sigmas`` / ``initial_noise`` / ``encode`` / ``velocity`` / ``decode``; a FLUX adapter is another module of this
-shape (see ``docs/models.md``).
+``sigmas`` / ``initial_noise`` / ``encode`` / ``velocity`` / ``decode``; the FLUX adapter (``rlpost/models/flux.py``)
+is another module of this shape (see ``docs/models.md``).
 
 With the Euler ODE kernel and the default ``time_grid="diffusers"``, sampling through this adapter reproduces
 ``StableDiffusion3Pipeline.__call__`` exactly (same schedule, timestep ``1000·σ``, the pipeline's CFG formula and

@@ -1,4 +1,4 @@
-"""Tiny, randomly initialised Stable Diffusion 3 pipelines with the *real* diffusers/transformers architecture.
+"""Tiny, randomly initialised SD3 and FLUX.1 pipelines with the *real* diffusers/transformers architecture.
 
 Tests, examples and CPU benchmarks need an SD3 model without downloading weights. :func:`build_tiny_sd3` builds a
 ``StableDiffusion3Pipeline`` from small configs (VAE scale factor 2, patch 2, ``pos_embed_max_size`` small, so the
