@@ -162,6 +162,7 @@ class FluxPolicy(Policy):
         self._use_ref = False
         self._cache = PromptCache()
         self._img_ids: Tensor | None = None
+        self._sigmas: dict[int, Tensor] = {}
 
     # ------------------------------------------------------------------------------------------------ set-up
 
@@ -282,6 +283,7 @@ class FluxPolicy(Policy):
         ids[..., 2] += torch.arange(w // 2)[None, :]
         self._img_ids = ids.reshape(-1, 3).to(device, self._dtype)
         self._cache.clear()
+        self._sigmas.clear()
 
     @staticmethod
     def _modules(pipe: Any) -> list[nn.Module]:
@@ -334,7 +336,9 @@ class FluxPolicy(Policy):
         :attr:`mu`); ``"shifted-linspace"``: DanceGRPO's/MixGRPO's static grid with ``shift`` (else the config's)."""
         cfg = self.pipe.scheduler.config
         if self.time_grid == "diffusers":
-            return flux_sigmas(num_steps, self.mu, cfg).to(self.device)
+            if num_steps not in self._sigmas:  # a scheduler per call is cheap, but samplers ask every rollout
+                self._sigmas[num_steps] = flux_sigmas(num_steps, self.mu, cfg)
+            return self._sigmas[num_steps].to(self.device, copy=True)
         shift = float(cfg.shift) if self.shift is None else self.shift
         return shifted_linspace_sigmas(num_steps, shift).to(self.device)
 
