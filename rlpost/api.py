@@ -138,6 +138,17 @@ class Policy(Component):
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Parameters the optimizer updates (LoRA adapters or the whole denoiser)."""
 
+    def clean_tail_steps(self) -> int | None:
+        """How many final steps of this model's time grid land on a (near-)clean level, for any ``T >= 2``.
+
+        Samplers that must not leave sampled noise in the decoded image keep those steps deterministic and check
+        their settings against it in ``validate`` (before :meth:`setup`, so adapters answer from their settings
+        alone). SD3's ``"diffusers"`` grid ends ``... -> σ_min -> 0`` (2); a grid whose last nonzero level is
+        ``shift(1/T)`` (SD3's ``"shifted-linspace"``, both FLUX grids) has 1. ``None`` (the default): unknown, and
+        samplers skip the check. See ``docs/models.md``, "Time grids".
+        """
+        return None
+
     def reference(self) -> AbstractContextManager[None]:
         """Context in which :meth:`velocity` uses the frozen reference model (for KL terms).
 

@@ -54,6 +54,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "rlpost.builtin",
     "rlpost.prompts",
     "rlpost.models.sd3",
+    "rlpost.models.flux",
     "rlpost.digits",
     "rlpost.reporting",
 )

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from rlpost import cli
+from rlpost.models.flux import FluxPolicy
 from rlpost.models.sd3 import SD3Policy
 from rlpost.plugins import PluginHost
 from rlpost.recipe import RecipeError, merge_sources, validate
@@ -37,7 +38,8 @@ def host() -> PluginHost:
 
 @pytest.fixture(autouse=True)
 def no_weights(monkeypatch):
-    monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
+    for policy in (SD3Policy, FluxPolicy):
+        monkeypatch.setattr(policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
 
 
 def _hub_sources(*recipes: Path) -> list[tuple[str, str, list[str], str]]:
