@@ -208,9 +208,9 @@ class Sampler(Component):
     kind: ClassVar[str] = "sampler"
     provides: ClassVar[frozenset[str]] = frozenset()
 
-    chunk_size: int | None = None
-    """Most rows per denoiser forward (and VAE decode) in :meth:`rollout`, a memory budget; ``None``: the whole
-    frontier at once. Cost models read it to know the batch size the transformer really runs at."""
+    chunk_size: int = 0
+    """Most rows per denoiser forward (and VAE decode) in :meth:`rollout`, a memory budget; 0: the whole frontier
+    at once. Cost models read it to know the batch size the transformer really runs at."""
 
     def begin_step(self, step: int, generator: torch.Generator) -> None:  # noqa: B027 - optional, no-op default
         """Set this training step's per-step state, before any :meth:`rollout` of the step. Default: nothing.
@@ -362,9 +362,9 @@ class PolicyOptimizer(Component):
     """Passes over the rollout's trainable edges per step: the update's denoiser rows per step are
     ``StepCounts.train_forwards * inner_epochs``."""
 
-    minibatch_edges: int | None = None
-    """Most edges per forward/backward chunk (a memory budget); ``None``: all of a step's edges at once. Cost models
-    read it to know the batch size the update's transformer calls run at."""
+    minibatch_edges: int = 0
+    """Most edges per forward/backward chunk (a memory budget); 0: all of a step's edges at once. Cost models read
+    it to know the batch size the update's transformer calls run at."""
 
     @abstractmethod
     def update(self, ctx: UpdateContext) -> dict[str, float]:
