@@ -36,7 +36,8 @@ class PhaseTimer:
     Attributes:
         totals: Seconds per phase since the timer was created.
         current: Seconds per phase since the last :meth:`start_step` (the runner calls it at the start of every
-            step, so after a step it holds that step's phases; a phase the step skipped is absent).
+            step, so right after a step it holds that step's phases; a phase the step skipped is absent, and an
+            evaluation run between steps adds ``eval``).
     """
 
     def __init__(self, sync_cuda: bool = False) -> None:
