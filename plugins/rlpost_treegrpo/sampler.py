@@ -157,7 +157,7 @@ class TreeSampler(Sampler):
     def kernel_names(self) -> list[str]:
         """Names aligned with ``Rollout.kernels``: index 0 the window's SDE kernel, index 1 the ODE kernel, and
         index 2 the DPM-Solver++ tail (only with ``tail: dpm-solver++``)."""
-        names = [self.kernel, self.ode_kernel]
+        names: list[str] = [self.kernel, self.ode_kernel]
         return names + [DPM_TAIL_KERNEL] if self.tail == "dpm-solver++" else names
 
     @property
