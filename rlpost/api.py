@@ -210,8 +210,9 @@ class Sampler(Component):
     Owning both ``rollout`` and ``evaluate`` means the kernel used to sample and the kernel used for the
     importance ratio cannot drift apart (DanceGRPO issue #87).
 
-    A training step calls :meth:`begin_step` exactly once, then :meth:`rollout` once per share of the step's prompt
-    groups (the whole batch in one process; one call per group under ``distributed``, see ``rlpost/sharding.py``).
+    A training step calls :meth:`begin_step` exactly once, then :meth:`rollout` with the whole batch (one process)
+    or :meth:`rollout_groups` with the rank's groups and one generator per group (``distributed``, see
+    ``rlpost/sharding.py``; its default is one :meth:`rollout` per group).
     Whatever a sampler decides once per step (a window position, a progressive schedule, a draw shared by every
     group) belongs in :meth:`begin_step`; :meth:`rollout` then uses only its ``generator``, which is per group.
     """
@@ -243,6 +244,29 @@ class Sampler(Component):
         ``generator`` drives this batch's noise only; with several calls per step (one per group under
         ``distributed``) each call gets its own, so nothing drawn here may be meant to be shared by the whole step.
         """
+
+    def rollout_groups(self, policy: Policy, batch: PromptBatch, generators: Sequence[torch.Generator]) -> Rollout:
+        """Sample ``batch``'s groups, group ``j`` with its own ``generators[j]`` (the sharded path, one generator per
+        global group so results do not depend on which rank holds a group).
+
+        The result must equal :meth:`rollout` of each group alone with its generator, merged in group order (up to
+        floating-point batch effects and the order of node and edge rows). The default does exactly that, one
+        rollout per group; samplers override it to batch every group's frontier into one forward per step.
+
+        Raises:
+            ValueError: When the number of generators differs from the number of groups.
+        """
+        from rlpost.sharding import merge_rollouts  # sharding imports this module
+
+        if len(generators) != batch.num_groups:
+            raise ValueError(f"rollout_groups: {batch.num_groups} groups but {len(generators)} generators")
+        parts = []
+        for j, generator in enumerate(generators):
+            one = PromptBatch(
+                [batch.prompts[j]], [batch.metadata[j]], batch.samples_per_group, group_offset=batch.group_offset + j
+            )
+            parts.append(self.rollout(policy, one, generator))
+        return merge_rollouts(parts)
 
     @abstractmethod
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:

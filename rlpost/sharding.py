@@ -7,9 +7,11 @@
   :meth:`Sampler.begin_step <rlpost.api.Sampler.begin_step>` once with a generator seeded from ``(seed, stream 3,
   t)``: what a sampler draws or advances once per step (a tree's window start, MixGRPO's window position) is the
   same on every rank and for every group, and advances once per step whatever the rank and group counts.
-* **Rollout noise is per group.** Group ``g`` (global index within step ``t``) is sampled alone with a generator
-  seeded from ``(seed, stream 1, t, g)``, so its initial noise, SDE noise and per-sample draws (DanceGRPO's trained
-  steps) are the same whichever rank samples it and however many groups that rank holds.
+* **Rollout noise is per group.** Group ``g`` (global index within step ``t``) draws from its own generator
+  seeded from ``(seed, stream 1, t, g)`` (:meth:`Sampler.rollout_groups <rlpost.api.Sampler.rollout_groups>`; a
+  sampler may batch a rank's groups in one forward per step, the draws stay per group), so its initial noise, SDE
+  noise and per-sample draws (DanceGRPO's trained steps) are the same whichever rank samples it and however many
+  groups that rank holds.
 * **Minibatch shuffling** uses a generator seeded from ``(seed, stream 2, t, rank)``: it only decides which of this
   rank's edges share a forward, which does not change a one-optimizer-step update.
 * **Advantages are computed on the gathered view**: every rank contributes a skeleton of its rollout (node/edge/sample
@@ -318,18 +320,16 @@ class GroupSharding:
         )
 
     def rollout(self, sampler: Sampler, policy: Policy, batch: PromptBatch, step: int) -> Rollout:
-        """Step ``step``'s rollout: :func:`begin_step` once, then each group alone with its own ``(seed, step, global
-        group)`` generator, merged.
+        """Step ``step``'s rollout: :func:`begin_step` once, then :meth:`Sampler.rollout_groups` with one ``(seed, step,
+        global group)`` generator per group (each group sampled as if alone; samplers may batch the groups).
 
         Call once per training step: it advances the sampler's per-step state.
         """
         begin_step(sampler, self.seed, step)
-        parts = []
-        for j in range(batch.num_groups):
-            g = batch.group_offset + j
-            one = PromptBatch([batch.prompts[j]], [batch.metadata[j]], batch.samples_per_group, group_offset=g)
-            parts.append(sampler.rollout(policy, one, derived_generator(self.seed, STREAM_ROLLOUT, step, g)))
-        return merge_rollouts(parts)
+        generators = [
+            derived_generator(self.seed, STREAM_ROLLOUT, step, batch.group_offset + j) for j in range(batch.num_groups)
+        ]
+        return sampler.rollout_groups(policy, batch, generators)
 
     def minibatch_generator(self, step: int) -> torch.Generator:
         """A fresh generator for this step and rank."""

@@ -25,6 +25,8 @@ and every rank of a step shares it and each step is one batched forward; it is s
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
@@ -33,7 +35,8 @@ from torch import Tensor
 
 from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
 from rlpost.contract import PromptBatch, Rollout, StashKey
-from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
+from rlpost.ops.kernels import LogProbReduction, StepKernel, dpm_solver_pp2_step, make_kernel
+from rlpost.ops.schedules import shifted_tail_sigmas, subsampled_indices
 from rlpost.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
 from rlpost_treegrpo.window import (
     WindowLaw,
@@ -44,12 +47,21 @@ from rlpost_treegrpo.window import (
     window_probs,
 )
 
-__all__ = ["WINDOW_START", "TreeSampler"]
+__all__ = ["DPM_TAIL_KERNEL", "WINDOW_START", "TailGrid", "TailSolver", "TreeSampler"]
 
 WINDOW_START: StashKey[int] = StashKey("treegrpo.window_start")
 """Stash key of the rollout's window start ``i`` (the window is steps ``i … i+d-1``)."""
 
 SDEKernelName = Literal["flow-sde", "dance-sde", "cps"]
+
+TailSolver = Literal["full", "euler", "dpm-solver++"]
+"""How the leaves are brought from the window's end to the image (see :class:`TreeSampler`, ``tail``)."""
+
+TailGrid = Literal["run", "compressed"]
+"""Which noise levels a shortened tail visits (see :class:`TreeSampler`, ``tail_grid``)."""
+
+DPM_TAIL_KERNEL = "dpm-solver++2"
+"""Kernel name recorded for the deterministic DPM-Solver++ (2M) tail edges (never evaluated; NaN log-prob)."""
 
 
 class TreeSampler(Sampler):
@@ -79,6 +91,18 @@ class TreeSampler(Sampler):
         chunk_size: Maximum rows per transformer forward and per VAE decode (a memory budget; results do not
             depend on it beyond floating-point batch effects).
         ode_kernel: Deterministic kernel outside the window (only ``"ode"``, the Euler step, is supported).
+        tail: How leaves go from the window's end to ``σ = 0`` (beyond the paper; the leaves need a good final image,
+            not log-probs). ``"full"`` (the paper's and the official code's): one Euler ODE step per remaining step
+            of the run's grid. ``"euler"``: Euler steps on the tail grid below. ``"dpm-solver++"``: multistep
+            DPM-Solver++ (2M, data prediction; order 1 at the tail's first and final step) on the tail grid, as
+            MixGRPO-Flash runs after its window (``Tencent-Hunyuan/MixGRPO``
+            ``fastvideo/utils/sampling_utils.py``@e5cdd6a, ``dpm_step``).
+        tail_steps: Transformer evaluations per leaf in the tail: ``min(tail_steps, T-i-d)`` (``null``: every
+            remaining step, ``T-i-d``). Only with ``tail`` ``"euler"`` or ``"dpm-solver++"``.
+        tail_grid: ``"run"``: ``tail_steps`` evenly spread points of the run's own remaining grid (end points kept);
+            ``"compressed"``: MixGRPO-Flash's fresh time-shifted grid from the window's end to 0 (needs
+            ``tail_steps``; its shift is ``tail_shift``).
+        tail_shift: Time shift of the ``compressed`` tail grid (SD3/SD3.5's scheduler shift is 3.0).
     """
 
     name: ClassVar[str] = "tree"
@@ -101,6 +125,10 @@ class TreeSampler(Sampler):
         trees_per_prompt: int = 1,
         chunk_size: int = 64,
         ode_kernel: Literal["ode"] = "ode",
+        tail: TailSolver = "full",
+        tail_steps: int | None = None,
+        tail_grid: TailGrid = "run",
+        tail_shift: float = 3.0,
     ) -> None:
         self.num_steps = int(num_steps)
         self.k = int(k)
@@ -117,22 +145,56 @@ class TreeSampler(Sampler):
         self.trees_per_prompt = int(trees_per_prompt)
         self.chunk_size = int(chunk_size)
         self.ode_kernel = ode_kernel
-        self._kernels: list[StepKernel] | None = None
+        self.tail: TailSolver = tail
+        self.tail_steps = None if tail_steps is None else int(tail_steps)
+        self.tail_grid: TailGrid = tail_grid
+        self.tail_shift = float(tail_shift)
+        self._kernels: list[StepKernel | None] | None = None
         self.window_start: int | None = None  # this step's start, set by begin_step
 
     # ------------------------------------------------------------------------------------------ configuration
 
     @property
     def kernel_names(self) -> list[str]:
-        """Names aligned with ``Rollout.kernels``: index 0 the window's SDE kernel, index 1 the ODE kernel."""
-        return [self.kernel, self.ode_kernel]
+        """Names aligned with ``Rollout.kernels``: index 0 the window's SDE kernel, index 1 the ODE kernel, and
+        index 2 the DPM-Solver++ tail (only with ``tail: dpm-solver++``)."""
+        names: list[str] = [self.kernel, self.ode_kernel]
+        return names + [DPM_TAIL_KERNEL] if self.tail == "dpm-solver++" else names
 
     @property
-    def kernels(self) -> list[StepKernel]:
-        """Kernel objects aligned with :attr:`kernel_names` (built on first use)."""
+    def kernels(self) -> list[StepKernel | None]:
+        """Kernel objects aligned with :attr:`kernel_names` (built on first use; ``None`` for the multistep
+        DPM-Solver++ tail, which the rollout runs itself and :meth:`evaluate` never sees)."""
         if self._kernels is None:
-            self._kernels = [make_kernel(self.kernel, **self.kernel_args), make_kernel(self.ode_kernel)]
+            built: list[StepKernel | None] = [
+                make_kernel(self.kernel, **self.kernel_args),
+                make_kernel(self.ode_kernel),
+            ]
+            self._kernels = built + [None] if self.tail == "dpm-solver++" else built
         return self._kernels
+
+    def tail_nfe(self, start: int) -> int:
+        """Transformer evaluations per leaf after a window starting at ``start``: ``min(tail_steps, T-i-d)``."""
+        remaining = self.num_steps - start - self.depth
+        return remaining if self.tail_steps is None else min(self.tail_steps, remaining)
+
+    def schedule(self, sigmas: Tensor, start: int) -> Tensor:
+        """The rollout's noise levels for window start ``start``: the run's grid up to the window's end, then the tail.
+
+        With ``tail: full`` (or a tail of every remaining step on the ``run`` grid) this is ``sigmas`` itself, so the
+        paper preset is unchanged bit for bit. Otherwise the ``tail_nfe(start)`` tail steps follow ``tail_grid``;
+        node ``step`` indices then index this table (``Rollout.sigmas``), as for MixGRPO-Flash's tail.
+        """
+        sigmas = sigmas.detach().float().cpu()
+        end, steps = start + self.depth, self.num_steps
+        n = self.tail_nfe(start)
+        if self.tail_grid == "compressed":
+            tail = shifted_tail_sigmas(float(sigmas[end]), n, self.tail_shift)
+        elif n == steps - end:
+            return sigmas
+        else:
+            tail = sigmas[subsampled_indices(end, steps, n)]
+        return torch.cat([sigmas[: end + 1], tail[1:]])
 
     _PROGRESSIVE_DEFAULTS: ClassVar[dict[str, Any]] = {"shift_interval": 50, "stride": 1, "roll_back": True}
 
@@ -192,12 +254,28 @@ class TreeSampler(Sampler):
             problems.append(f"{p}.trees_per_prompt: must be >= 1, got {self.trees_per_prompt}")
         if self.chunk_size < 1:
             problems.append(f"{p}.chunk_size: must be >= 1, got {self.chunk_size}")
+        if self.tail not in ("full", "euler", "dpm-solver++"):
+            problems.append(f"{p}.tail: must be 'full', 'euler' or 'dpm-solver++', got {self.tail!r}")
+        if self.tail_grid not in ("run", "compressed"):
+            problems.append(f"{p}.tail_grid: must be 'run' or 'compressed', got {self.tail_grid!r}")
+        if self.tail == "full":
+            if self.tail_steps is not None or self.tail_grid != "run":
+                problems.append(
+                    f"{p}.tail: 'full' runs every remaining step of the run's grid; tail_steps/tail_grid need tail "
+                    f"'euler' or 'dpm-solver++' (got tail_steps={self.tail_steps}, tail_grid={self.tail_grid!r})"
+                )
+        if self.tail_steps is not None and self.tail_steps < 1:
+            problems.append(f"{p}.tail_steps: must be >= 1 (or null for every remaining step), got {self.tail_steps}")
+        if self.tail_grid == "compressed" and self.tail_steps is None:
+            problems.append(f"{p}.tail_steps: tail_grid 'compressed' needs a number of tail steps, got null")
+        if not (math.isfinite(self.tail_shift) and self.tail_shift > 0):
+            problems.append(f"{p}.tail_shift: must be > 0, got {self.tail_shift}")
         try:
             kernels = self.kernels
         except (TypeError, ValueError) as exc:
             problems.append(f"{p}.kernel_args: cannot build kernel {self.kernel!r}: {exc}")
         else:
-            if not kernels[0].stochastic:
+            if kernels[0] is None or not kernels[0].stochastic:
                 problems.append(f"{p}.kernel: the window kernel must be stochastic, got {self.kernel!r}")
         return problems
 
@@ -208,10 +286,10 @@ class TreeSampler(Sampler):
         return sum(int(self.k**j) for j in range(self.depth))
 
     def rollout_forwards_at(self, start: int, num_groups: int) -> int:
-        """Rollout transformer rows for window start ``start``: ``G·trees·(i + Σ_{j<d} k^j + k^d·(T-i-d))``."""
+        """Rollout transformer rows for window start ``start``: ``G·trees·(i + Σ_{j<d} k^j + k^d·n_tail(i))`` with
+        ``n_tail(i) = T-i-d`` for the full tail, ``min(tail_steps, T-i-d)`` for a shortened one (:meth:`tail_nfe`)."""
         trees = num_groups * self.trees_per_prompt
-        tail = self.num_steps - start - self.depth
-        return trees * (start + self._per_tree_window_forwards() + int(self.k**self.depth) * tail)
+        return trees * (start + self._per_tree_window_forwards() + int(self.k**self.depth) * self.tail_nfe(start))
 
     def expected_rollout_forwards(self, num_groups: int, samples_per_group: int = 1) -> float:
         """Rollout transformer rows averaged over the window law (non-integer in general); ``samples_per_group``
@@ -223,16 +301,21 @@ class TreeSampler(Sampler):
     def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
         """Closed-form per-step counts; ``samples_per_group`` is ignored (leaves per prompt = ``trees·k^d``).
 
-        ``rollout_forwards`` is the **worst case** over the window law's support (the earliest admissible start,
-        since every later start replaces ``k^d - 1`` tail rows by one trunk row), exact for ``window: fixed``;
-        :meth:`expected_rollout_forwards` gives the expectation.
+        ``rollout_forwards`` is the **worst case** over the window law's support (for the full tail the earliest
+        start, since every later start replaces ``k^d - 1`` tail rows by one trunk row; a capped tail can make a
+        later start dearer, so the maximum is taken), exact for ``window: fixed``; :meth:`expected_rollout_forwards`
+        gives the expectation and :meth:`rollout_forwards_at` the count of a given start.
         """
         trees = num_groups * self.trees_per_prompt
-        worst = self.fixed_start if (self.window == "fixed" and self.fixed_start is not None) else 0
+        if self.window == "fixed" and self.fixed_start is not None:
+            worst = self.rollout_forwards_at(self.fixed_start, num_groups)
+        else:
+            support = (self.window_probs() > 0).nonzero().flatten().tolist()
+            worst = max(self.rollout_forwards_at(int(i), num_groups) for i in support)
         return StepCounts(
             images=trees * self.k**self.depth,
             trainable_edges=trees * sum(self.k**j for j in range(1, self.depth + 1)),
-            rollout_forwards=self.rollout_forwards_at(worst, num_groups),
+            rollout_forwards=worst,
             train_forwards=trees * self._per_tree_window_forwards(),
         )
 
@@ -267,39 +350,62 @@ class TreeSampler(Sampler):
 
         RNG order on ``generator``: the initial noises ``[G·trees, ...]``, then for each window step one
         ``[F·k, ...]`` block of standard normals (``F`` = frontier size, parents in order, children of a parent
-        adjacent).
+        adjacent). The tail draws nothing.
 
         Raises:
             RuntimeError: When :meth:`begin_step` has not set the step's window start.
         """
+        return self._grow(policy, batch, _SharedNoise(generator, batch.num_groups))
+
+    def rollout_groups(self, policy: Policy, batch: PromptBatch, generators: Sequence[torch.Generator]) -> Rollout:
+        """All of ``batch``'s groups in one forward per depth, group ``j`` drawing its noise from ``generators[j]``.
+
+        Group ``j``'s rows are a contiguous block of every frontier (trees of a group adjacent, children of a parent
+        adjacent), and each group draws from its own generator exactly what :meth:`rollout` of that group alone
+        draws, so the leaves equal those of one :meth:`rollout` per group (up to floating-point batch effects of
+        the larger forwards) while the transformer runs ``G`` times fewer, larger batches.
+
+        Raises:
+            ValueError: When the number of generators differs from the number of groups.
+            RuntimeError: When :meth:`begin_step` has not set the step's window start.
+        """
+        if len(generators) != batch.num_groups:
+            raise ValueError(f"rollout_groups: {batch.num_groups} groups but {len(generators)} generators")
+        return self._grow(policy, batch, _PerGroupNoise(list(generators)))
+
+    def _grow(self, policy: Policy, batch: PromptBatch, noise: _NoiseSource) -> Rollout:
         if self.window_start is None:
             raise RuntimeError(
                 "TreeSampler.rollout: no window start; call begin_step(step, generator) first (the runner does, once "
                 "per training step)"
             )
-        steps, k, depth = self.num_steps, self.k, self.depth
+        k, depth = self.k, self.depth
         start = self.window_start
-        sde, ode = self.kernels
-        sigmas = policy.sigmas(steps)
+        end = start + depth
+        sde, ode = self.kernels[0], self.kernels[1]
+        assert sde is not None and ode is not None  # built by make_kernel; only the DPM tail entry is None
+        sigmas = self.schedule(policy.sigmas(self.num_steps), start)
+        total = sigmas.shape[0] - 1  # trunk + window + tail steps
         device = policy.device
         builder = RolloutBuilder(batch, sigmas, self.kernel_names)
         cond = policy.encode(batch.prompts)
         groups = torch.arange(batch.num_groups).repeat_interleave(self.trees_per_prompt)
-        x = policy.initial_noise(groups.shape[0], generator).to(device, torch.float32)
+        x = noise.initial(policy, self.trees_per_prompt).to(device, torch.float32)
         ids = builder.add_nodes(x, 0, groups)
-        forwards = 0
-        for t in range(steps):
+        forwards = calls = 0
+        prev_sigma: Tensor | None = None  # DPM-Solver++ history: the previous *tail* step's σ and x̂0
+        prev_x0: Tensor | None = None
+        for t in range(total):
             f = x.shape[0]
             sigma = sigmas[t].to(device).expand(f)
             sigma_next = sigmas[t + 1].to(device).expand(f)
             # One forward per frontier node, inside and outside the window (arXiv 2512.08153, Sec. "Method").
             v = frontier_velocity(policy, x, sigma, cond, groups, self.chunk_size)
             forwards += f
-            if start <= t < start + depth:
+            calls += -(-f // self.chunk_size)
+            if start <= t < end:
                 # k children around the *same* step Gaussian: repeat parent rows, one noise block for all children.
-                noise = torch.randn(
-                    (f * k, *x.shape[1:]), generator=generator, device=generator.device, dtype=torch.float32
-                ).to(device)
+                z = noise.normal(f * k // batch.num_groups, x.shape[1:]).to(device)
                 out = sde.step(
                     x.repeat_interleave(k, 0),
                     v.repeat_interleave(k, 0),
@@ -307,29 +413,42 @@ class TreeSampler(Sampler):
                     sigma_next.repeat_interleave(k, 0),
                     None,
                     self.logprob_reduction,
-                    noise=noise,
+                    noise=z,
                 )
                 parents, groups = ids.repeat_interleave(k), groups.repeat_interleave(k)
-                trainable, kernel_index = True, 0
+                x_next, log_prob, trainable, kernel_index = out.next_latents, out.log_prob, True, 0
+            elif t >= end and self.tail == "dpm-solver++":
+                # Order 1 at the tail's first step: the leaf's own trajectory has no earlier x̂0 (its parent's was
+                # predicted before the SDE noise was added); order 2 from then on, order 1 into σ = 0.
+                x_next, x0 = dpm_solver_pp2_step(x, v, sigma, sigma_next, prev_sigma, prev_x0)
+                prev_sigma, prev_x0 = sigma, x0
+                parents, trainable, kernel_index = ids, False, 2
+                log_prob = torch.full((f,), math.nan, dtype=torch.float64)
             else:
                 out = ode.step(x, v, sigma, sigma_next, None, self.logprob_reduction)
+                x_next, log_prob = out.next_latents, out.log_prob
                 parents, trainable, kernel_index = ids, False, 1
-            x = out.next_latents
+            x = x_next
             ids = builder.add_nodes(x, t + 1, groups)
-            builder.add_edges(parents, ids, out.log_prob, trainable, kernel_index)
+            builder.add_edges(parents, ids, log_prob, trainable, kernel_index)
         images = torch.cat([policy.decode(x[c : c + self.chunk_size]) for c in range(0, x.shape[0], self.chunk_size)])
         stats = {
             "tree/window_start": float(start),
             "tree/leaves": float(x.shape[0]),
             "tree/window_edges": float(self.counts(batch.num_groups, 1).trainable_edges),
+            "tree/tail_steps": float(total - end),
             "perf/rollout_forwards": float(forwards),
+            "perf/rollout_calls": float(calls),
         }
         rollout = builder.build(ids, images, stats)
         rollout.stash[WINDOW_START] = start
         return rollout
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
-        """Recompute the window edges' log-probs with one forward per parent (the shared :func:`evaluate_edges`)."""
+        """Recompute the window edges' log-probs with one forward per parent (the shared :func:`evaluate_edges`).
+
+        Window edges keep their schedule indices whatever the tail (the tail only appends levels after the window),
+        so ``rollout.sigmas[step]`` and ``[step + 1]`` are the window step's levels."""
         if rollout.kernels != self.kernel_names:
             raise ValueError(f"rollout kernels {rollout.kernels} do not match this sampler's {self.kernel_names}")
         return evaluate_edges(policy, rollout, edges, self.kernels, self.logprob_reduction)
@@ -344,5 +463,59 @@ class TreeSampler(Sampler):
         return (
             f"TreeSampler(T={self.num_steps}, k={self.k}, d={self.depth}, {law}, "
             f"kernel={self.kernel!r}{self.kernel_args or ''}, reduction={self.logprob_reduction!r}, "
-            f"trees={self.trees_per_prompt})"
+            f"trees={self.trees_per_prompt}"
+            + (
+                ""
+                if self.tail == "full"
+                else f", tail={self.tail!r}, tail_steps={self.tail_steps}, tail_grid={self.tail_grid!r}"
+            )
+            + ")"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- noise
+
+
+class _NoiseSource:
+    """Where a rollout's Gaussian draws come from: one generator for the batch, or one per prompt group."""
+
+    def initial(self, policy: Policy, per_group: int) -> Tensor:
+        """``[G·per_group, ...]`` initial noises, group-major."""
+        raise NotImplementedError
+
+    def normal(self, per_group: int, shape: torch.Size) -> Tensor:
+        """``[G·per_group, *shape]`` fp32 standard normals, group-major (each group's rows a contiguous block)."""
+        raise NotImplementedError
+
+
+class _SharedNoise(_NoiseSource):
+    """Every draw from one generator, in one block (the sampler's RNG order before per-group generators existed)."""
+
+    def __init__(self, generator: torch.Generator, num_groups: int) -> None:
+        self.generator = generator
+        self.num_groups = num_groups
+
+    def initial(self, policy: Policy, per_group: int) -> Tensor:
+        return policy.initial_noise(per_group * self.num_groups, self.generator)
+
+    def normal(self, per_group: int, shape: torch.Size) -> Tensor:
+        g = self.generator
+        return torch.randn((per_group * self.num_groups, *shape), generator=g, device=g.device, dtype=torch.float32)
+
+
+class _PerGroupNoise(_NoiseSource):
+    """Group ``j`` draws from ``generators[j]`` exactly what a one-group rollout with that generator draws."""
+
+    def __init__(self, generators: list[torch.Generator]) -> None:
+        self.generators = generators
+
+    def initial(self, policy: Policy, per_group: int) -> Tensor:
+        return torch.cat([policy.initial_noise(per_group, g).to(torch.float32) for g in self.generators])
+
+    def normal(self, per_group: int, shape: torch.Size) -> Tensor:
+        return torch.cat(
+            [
+                torch.randn((per_group, *shape), generator=g, device=g.device, dtype=torch.float32)
+                for g in self.generators
+            ]
         )

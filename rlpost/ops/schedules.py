@@ -33,6 +33,8 @@ __all__ = [
     "TimeGrid",
     "clean_tail_steps",
     "sd3_sigmas",
+    "shifted_tail_sigmas",
+    "subsampled_indices",
     "shifted_linspace_sigmas",
     "time_grid_sigmas",
     "time_shift",
@@ -145,6 +147,55 @@ def time_grid_sigmas(
     if grid == "shifted-linspace":
         return shifted_linspace_sigmas(num_steps, shift)
     raise ValueError(f"unknown time grid {grid!r}; choose one of {list(TIME_GRIDS)}")
+
+
+def subsampled_indices(first: int, last: int, num_steps: int) -> Tensor:
+    """``num_steps + 1`` strictly increasing grid indices from ``first`` to ``last`` (both kept), evenly spread.
+
+    ``floor(linspace(first, last, n+1) + 1/2)``: consecutive points are at least one index apart when
+    ``num_steps <= last - first``, so no step is empty; ``num_steps = last - first`` gives every index. Used to run an
+    ODE tail on a coarser subset of a run's own grid (TreeGRPO's ``tail_grid: run``, see
+    ``docs/algorithms/treegrpo.md``, "Beyond the paper").
+
+    Raises:
+        ValueError: When ``num_steps`` is not in ``[1, last - first]``.
+    """
+    if not 1 <= num_steps <= last - first:
+        raise ValueError(
+            f"num_steps must be in [1, {last - first}] to subsample indices {first}..{last}, got {num_steps}"
+        )
+    pts = torch.linspace(float(first), float(last), num_steps + 1, dtype=torch.float64)
+    return torch.floor(pts + 0.5).long()
+
+
+def shifted_tail_sigmas(sigma_end: float, num_steps: int, shift: float) -> Tensor:
+    """A fresh time-shifted grid of ``num_steps`` steps from ``sigma_end`` down to 0 (MixGRPO-Flash's post-window
+    schedule).
+
+    Restates ``Tencent-Hunyuan/MixGRPO`` ``fastvideo/utils/sampling_utils.py``@e5cdd6a (``run_sample_step``,
+    ``dpm_apply_strategy == "post"``): the unshifted time ``t`` of ``sigma_end`` (the inverse of
+    :func:`time_shift`, ``t = σ / (s - (s-1)·σ)``) is spaced linearly down to 0 and shifted again, so the coarse tail
+    keeps the model's time-shift profile. Computed in float64, returned in fp32 with the end points set exactly.
+
+    Args:
+        sigma_end: Noise level the tail starts from, in ``(0, 1]``.
+        num_steps: Steps of the tail, ``>= 1``.
+        shift: Static time shift ``s > 0``.
+
+    Returns:
+        ``[num_steps + 1]`` fp32, ``[0] == sigma_end``, ``[-1] == 0``, strictly decreasing.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if not shift > 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+    if not 0.0 < sigma_end <= 1.0:
+        raise ValueError(f"sigma_end must be in (0, 1], got {sigma_end}")
+    t_end = sigma_end / (shift - (shift - 1.0) * sigma_end)
+    out = time_shift(torch.linspace(t_end, 0.0, num_steps + 1, dtype=torch.float64), shift).to(torch.float32)
+    out[0] = sigma_end
+    out[-1] = 0.0
+    return out
 
 
 def clean_tail_steps(grid: str) -> int:

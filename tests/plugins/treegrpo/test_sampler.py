@@ -145,3 +145,64 @@ def test_counts_expectation_and_worst_case() -> None:
     expected = sum(p * s.rollout_forwards_at(i, 1) for i, p in enumerate(s.window_probs().tolist()))
     assert s.expected_rollout_forwards(1) == pytest.approx(expected)
     assert s.expected_rollout_forwards(1) < c.rollout_forwards
+
+
+def _canonical(rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trainable edges' old log-probs and child states ordered by (group, step), keeping the in-layer order (parents
+    in order, children of a parent adjacent): the same order whether groups were sampled together or alone."""
+    edges = rollout.trainable.nonzero().flatten()
+    child = rollout.edge_child[edges]
+    key = rollout.node_group[child] * 1000 + rollout.node_step[child]
+    order = torch.sort(key, stable=True).indices
+    return rollout.old_log_probs[edges[order]], rollout.states[child[order]]
+
+
+@pytest.mark.parametrize("tail", [{}, {"tail": "dpm-solver++", "tail_steps": 2}])
+def test_groups_batched_in_one_forward_equal_groups_sampled_alone(policies: dict[float, Any], tail: Any) -> None:
+    """Four groups in one rollout_groups call (one transformer call per depth) give the leaves, window edges and
+    log-probs of four one-group rollouts with the same per-group generators, with the same transformer rows."""
+    from rlpost.sharding import merge_rollouts
+    from tests.tolerances import assert_fp32_close, assert_pixels_close
+
+    policy = policies[3.0]
+    prompts = ["a red cube", "a blue sphere", "a green cone", "a white torus"]
+    sampler = TreeSampler(num_steps=5, k=2, depth=2, trees_per_prompt=2, chunk_size=64, **tail)
+    batch = PromptBatch(prompts=prompts, metadata=[{}] * 4, samples_per_group=4, group_offset=8)
+    policy.encode(prompts)
+    sampler.begin_step(0, torch.Generator().manual_seed(11))
+
+    def gens() -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(100 + j) for j in range(4)]
+
+    with torch.no_grad():
+        rows0 = policy.forward_count
+        together = sampler.rollout_groups(policy, batch, gens())
+        rows_together = policy.forward_count - rows0
+        parts = []
+        for j, g in enumerate(gens()):
+            one = PromptBatch([prompts[j]], [{}], 4, group_offset=8 + j)
+            parts.append(sampler.rollout(policy, one, g))
+        alone = merge_rollouts(parts)
+        rows_alone = policy.forward_count - rows0 - rows_together
+    assert (
+        rows_together == rows_alone == together.stats["perf/rollout_forwards"] == alone.stats["perf/rollout_forwards"]
+    )
+    assert together.stats["perf/rollout_calls"] * 4 == alone.stats["perf/rollout_calls"]
+    assert together.group_offset == alone.group_offset == 8
+    assert together.sample_group.tolist() == alone.sample_group.tolist()
+    assert_fp32_close(together.states[together.sample_node], alone.states[alone.sample_node])
+    assert_pixels_close(together.images, alone.images)
+    lp_t, x_t = _canonical(together)
+    lp_a, x_a = _canonical(alone)
+    assert_fp32_close(lp_t, lp_a)
+    assert_fp32_close(x_t, x_a)
+    # The groups really differ (per-group generators, not one shared draw).
+    assert (together.states[together.sample_node][:8] - together.states[together.sample_node][8:16]).abs().max() > 0.1
+
+
+def test_rollout_groups_checks_its_generators(policies: dict[float, Any]) -> None:
+    sampler = TreeSampler(num_steps=3, k=2, depth=1)
+    sampler.begin_step(0, torch.Generator().manual_seed(0))
+    batch = PromptBatch(prompts=PROMPTS, metadata=[{}] * 2, samples_per_group=1)
+    with pytest.raises(ValueError, match="2 groups but 1 generators"):
+        sampler.rollout_groups(policies[1.0], batch, [torch.Generator()])
