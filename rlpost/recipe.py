@@ -1,6 +1,7 @@
 """Recipes: YAML files (with overlays and ``--a.b value`` overrides) that choose and configure every component.
 
-A recipe has these top-level keys::
+A recipe has these top-level keys (one :class:`Section` each in :data:`SECTIONS`, the table that validation, the
+command-line parser, name resolution and the resume checks are driven by)::
 
     run:             RunConfig (seed, output_dir, steps, groups per step, ...)
     model:           a Policy          (e.g. class_path: sd3)
@@ -604,10 +605,10 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
     """
     problems = [f"{key}: unknown top-level key{suggest(key, list(SECTION))}" for key in cfg if key not in SECTION]
     problems += [f"{s.name}: missing (required)" for s in SECTIONS if s.required and s.name not in cfg]
-    built: dict[str, Any] = {}
-    resolved: dict[str, Any] = {}
+    checks = _SectionChecks(cfg, host, problems)
     for section in SECTIONS:
-        _CHECKS[section.kind](section, cfg, host, built, resolved, problems)
+        checks.check(section)
+    built, resolved = checks.built, checks.resolved
     # Range problems are reported with every other problem; the component checks below need a sane run section.
     range_problems = _range_problems(cfg, built)
     if problems:
@@ -623,122 +624,85 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
     return recipe
 
 
-_Check = Callable[[Section, dict[str, Any], PluginHost, dict[str, Any], dict[str, Any], list[str]], None]
+class _SectionChecks:
+    """Type-checks one recipe section per :meth:`check` call, by its :attr:`Section.kind`, into
+    ``built`` (the instantiated section, ``None`` when an optional one is off) and ``resolved`` (its plain data with
+    registered names resolved and defaults filled in), recording problems."""
 
+    def __init__(self, cfg: dict[str, Any], host: PluginHost, problems: list[str]) -> None:
+        self.cfg, self.host, self.problems = cfg, host, problems
+        self.built: dict[str, Any] = {}
+        self.resolved: dict[str, Any] = {}
 
-def _check_config(
-    s: Section,
-    cfg: dict[str, Any],
-    host: PluginHost,
-    built: dict[str, Any],
-    resolved: dict[str, Any],
-    problems: list[str],
-) -> None:
-    """A dataclass section, type-checked by jsonargparse (absent: its defaults, or ``None`` when optional)."""
-    raw = cfg.get(s.name)
-    built[s.name] = None
-    if raw is not None or not s.optional:
-        built[s.name] = _check_with_parser(s.name, s.type, raw or {}, problems)
-        resolved[s.name] = dataclasses.asdict(built[s.name]) if built[s.name] is not None else raw
+    def check(self, s: Section) -> None:
+        """Check the top-level section ``s`` by its kind."""
+        by_kind = {
+            "config": self.config,
+            "component": self.component,
+            "component-list": self.component_list,
+            "factory": self.factory,
+            "mapping": self.mapping,
+            "eval": self.eval,
+        }
+        by_kind[s.kind](s)
 
+    def config(self, s: Section) -> None:
+        """A dataclass, type-checked by jsonargparse (absent: its defaults, or ``None`` when optional)."""
+        raw = self.cfg.get(s.name)
+        self.built[s.name] = None
+        if raw is not None or not s.optional:
+            built = self.built[s.name] = _check_with_parser(s.name, s.type, raw or {}, self.problems)
+            self.resolved[s.name] = dataclasses.asdict(built) if built is not None else raw
 
-def _check_component(
-    s: Section,
-    cfg: dict[str, Any],
-    host: PluginHost,
-    built: dict[str, Any],
-    resolved: dict[str, Any],
-    problems: list[str],
-) -> None:
-    """One component chosen by name or class path, its arguments type-checked by jsonargparse."""
-    if s.name not in cfg:
-        return
-    value = _resolve_component(cfg[s.name], s.name, s.registry, host, problems)
-    if value is not None:
-        built[s.name] = _check_with_parser(s.name, s.type, value, problems)
-        resolved[s.name] = with_defaults(value) if built[s.name] is not None else value
+    def component(self, s: Section) -> None:
+        """One component chosen by name or class path, its arguments type-checked by jsonargparse."""
+        if s.name not in self.cfg:
+            return
+        value = _resolve_component(self.cfg[s.name], s.name, s.registry, self.host, self.problems)
+        if value is not None:
+            built = self.built[s.name] = _check_with_parser(s.name, s.type, value, self.problems)
+            self.resolved[s.name] = with_defaults(value) if built is not None else value
 
+    def component_list(self, s: Section) -> None:
+        """A non-empty list of components, each checked as :meth:`component` under ``NAME[i]``."""
+        raw = self.cfg.get(s.name, [])
+        if s.name in self.cfg and (not isinstance(raw, list) or not raw):
+            self.problems.append(f"{s.name}: expected a non-empty list of {s.registry} sources")
+            raw = []
+        built: list[Component] = []
+        resolved: list[Any] = []
+        self.built[s.name], self.resolved[s.name] = built, resolved
+        for i, item in enumerate(raw):
+            value = _resolve_component(item, f"{s.name}[{i}]", s.registry, self.host, self.problems)
+            if value is not None:
+                got = _check_with_parser(s.name, _option_type(s), [value], self.problems, where=f"{s.name}[{i}]")
+                resolved.append(value if got is None else with_defaults(value))
+                built.extend(got or [])
 
-def _check_component_list(
-    s: Section,
-    cfg: dict[str, Any],
-    host: PluginHost,
-    built: dict[str, Any],
-    resolved: dict[str, Any],
-    problems: list[str],
-) -> None:
-    """A non-empty list of components, each checked as :func:`_check_component` under ``NAME[i]``."""
-    raw = cfg.get(s.name, [])
-    if s.name in cfg and (not isinstance(raw, list) or not raw):
-        problems.append(f"{s.name}: expected a non-empty list of {s.registry} sources")
-        raw = []
-    built[s.name], resolved[s.name] = [], []
-    for i, item in enumerate(raw):
-        value = _resolve_component(item, f"{s.name}[{i}]", s.registry, host, problems)
-        if value is None:
-            continue
-        got = _check_with_parser(s.name, _option_type(s), [value], problems, where=f"{s.name}[{i}]")
-        resolved[s.name].append(value if got is None else with_defaults(value))
-        built[s.name].extend(got or [])
+    def factory(self, s: Section) -> None:
+        """A callable built by jsonargparse from a class path and arguments (``None`` when optional and absent)."""
+        self.built[s.name] = None
+        if s.name in self.cfg and not (s.optional and self.cfg[s.name] is None):
+            self.resolved[s.name] = self.cfg[s.name]
+            self.built[s.name] = _check_with_parser(s.name, s.type, self.cfg[s.name], self.problems)
 
+    def mapping(self, s: Section) -> None:
+        """``reward_weights``: reward name -> number (checked against the rewards once they are built)."""
+        weights = self.cfg.get(s.name, {}) or {}
+        if not isinstance(weights, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()
+        ):
+            self.problems.append(f"{s.name}: expected a mapping of reward name to number, got {short_repr(weights)}")
+            weights = {}
+        self.built[s.name] = weights
 
-def _check_factory(
-    s: Section,
-    cfg: dict[str, Any],
-    host: PluginHost,
-    built: dict[str, Any],
-    resolved: dict[str, Any],
-    problems: list[str],
-) -> None:
-    """A callable built by jsonargparse from a class path and arguments (``None`` when optional and absent)."""
-    built[s.name] = None
-    if s.name in cfg and not (s.optional and cfg[s.name] is None):
-        resolved[s.name] = cfg[s.name]
-        built[s.name] = _check_with_parser(s.name, s.type, cfg[s.name], problems)
-
-
-def _check_mapping(
-    s: Section,
-    cfg: dict[str, Any],
-    host: PluginHost,
-    built: dict[str, Any],
-    resolved: dict[str, Any],
-    problems: list[str],
-) -> None:
-    """``reward_weights``: a mapping of reward name to number (checked against the rewards once they are built)."""
-    weights = cfg.get(s.name, {}) or {}
-    if not isinstance(weights, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()
-    ):
-        problems.append(f"{s.name}: expected a mapping of reward name to number, got {short_repr(weights)}")
-        weights = {}
-    built[s.name] = weights
-
-
-def _check_eval(
-    s: Section,
-    cfg: dict[str, Any],
-    host: PluginHost,
-    built: dict[str, Any],
-    resolved: dict[str, Any],
-    problems: list[str],
-) -> None:
-    """The optional ``eval`` section (:func:`_validate_eval`)."""
-    built[s.name] = None
-    if cfg.get(s.name) is not None:
-        built[s.name], resolved[s.name] = _validate_eval(
-            cfg[s.name], resolved.get("rewards", []), built, host, problems
-        )
-
-
-_CHECKS: dict[str, _Check] = {
-    "config": _check_config,
-    "component": _check_component,
-    "component-list": _check_component_list,
-    "factory": _check_factory,
-    "mapping": _check_mapping,
-    "eval": _check_eval,
-}
+    def eval(self, s: Section) -> None:
+        """The optional ``eval`` section (:func:`_validate_eval`)."""
+        self.built[s.name] = None
+        if self.cfg.get(s.name) is not None:
+            train_rewards = self.resolved.get("rewards", [])
+            got = _validate_eval(self.cfg[s.name], train_rewards, self.built, self.host, self.problems)
+            self.built[s.name], self.resolved[s.name] = got
 
 
 def _range_problems(cfg: dict[str, Any], built: dict[str, Any]) -> list[str]:
