@@ -79,9 +79,9 @@ class CheckpointConfig:
     at_end: bool = True
 
     def problems(self) -> list[str]:
-        """Range problems, each naming its ``checkpoint.*`` field."""
+        """Range problems, each naming its field relative to the section (the recipe prefixes ``checkpoint.``)."""
         return [
-            f"checkpoint.{n}: must be >= 0, got {getattr(self, n)}"
+            f"{n}: must be >= 0, got {getattr(self, n)}"
             for n in ("every", "keep_last")
             if getattr(self, n) < 0
         ]

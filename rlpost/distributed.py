@@ -67,6 +67,38 @@ class DistributedConfig:
     deepspeed_config: str | None = None
     bf16: Literal["auto"] | bool = "auto"
 
+    def problems(self) -> list[str]:
+        """Range problems and problems of the DeepSpeed JSON file, each naming its field relative to the section (the
+        recipe prefixes ``distributed.``; checks against other sections: :func:`validate_distributed`)."""
+        problems: list[str] = []
+        if self.zero_stage not in (0, 1, 2, 3):
+            problems.append(f"zero_stage: must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.deepspeed_config is None:
+            return problems
+        path = self.deepspeed_config
+        data, error = _read_ds_config(path)
+        if error is not None or data is None:
+            return [*problems, f"deepspeed_config: {error}"]
+        for key in FORBIDDEN_DS_KEYS:
+            if key in data:
+                problems.append(
+                    f"deepspeed_config: {path} defines a {key!r} block; the optimizer and LR scheduler are defined "
+                    "once in the recipe (torch_optimizer, lr_scheduler): remove it"
+                )
+        stage = (data.get("zero_optimization") or {}).get("stage")
+        if stage is not None and stage != self.zero_stage:
+            problems.append(
+                f"deepspeed_config: zero_optimization.stage {stage} in {path} contradicts distributed.zero_stage "
+                f"{self.zero_stage}"
+            )
+        gas = data.get("gradient_accumulation_steps")
+        if gas not in (None, 1, "auto"):
+            problems.append(
+                "deepspeed_config: gradient_accumulation_steps must be 1 or absent (the update rule accumulates "
+                f"minibatches itself), got {gas!r}"
+            )
+        return problems
+
 
 def env_world_size() -> int:
     """``WORLD_SIZE`` set by ``torchrun`` / the ``deepspeed`` launcher, 1 when started plainly."""
@@ -89,7 +121,8 @@ def _read_ds_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
 def validate_distributed(
     cfg: DistributedConfig, groups_per_step: int, world_size: int | None = None, ema: bool = False
 ) -> list[str]:
-    """Range and consistency checks of the ``distributed`` section (every problem names its field).
+    """Checks of the ``distributed`` section against the rest of the recipe and the launch (the section's own checks
+    are :meth:`DistributedConfig.problems`); every problem names its field.
 
     Args:
         cfg: The section.
@@ -98,38 +131,14 @@ def validate_distributed(
         ema: Whether the recipe enables ``ema``.
     """
     problems: list[str] = []
-    if cfg.zero_stage not in (0, 1, 2, 3):
-        problems.append(f"distributed.zero_stage: must be 0, 1, 2 or 3, got {cfg.zero_stage}")
-    if cfg.deepspeed_config is not None:
-        data, error = _read_ds_config(cfg.deepspeed_config)
-        if error is not None:
-            problems.append(f"distributed.deepspeed_config: {error}")
-        elif data is not None:
-            for key in FORBIDDEN_DS_KEYS:
-                if key in data:
-                    problems.append(
-                        f"distributed.deepspeed_config: {cfg.deepspeed_config} defines a {key!r} block; the optimizer "
-                        "and LR scheduler are defined once in the recipe (torch_optimizer, lr_scheduler): remove it"
-                    )
-            stage = (data.get("zero_optimization") or {}).get("stage")
-            if stage is not None and stage != cfg.zero_stage:
-                problems.append(
-                    f"distributed.deepspeed_config: zero_optimization.stage {stage} in {cfg.deepspeed_config} "
-                    f"contradicts distributed.zero_stage {cfg.zero_stage}"
-                )
-            offload = ((data.get("zero_optimization") or {}).get("offload_param") or {}).get("device")
-            if ema and cfg.zero_stage == 3 and offload == "nvme":
-                # The EMA is swapped into each rank's parameter partitions, which NVMe offload keeps on disk.
-                problems.append(
-                    f"distributed.deepspeed_config: zero_optimization.offload_param.device 'nvme' in "
-                    f"{cfg.deepspeed_config} cannot be combined with ema (use offload to 'cpu' or drop the ema section)"
-                )
-            gas = data.get("gradient_accumulation_steps")
-            if gas not in (None, 1, "auto"):
-                problems.append(
-                    f"distributed.deepspeed_config: gradient_accumulation_steps must be 1 or absent (the update rule "
-                    f"accumulates minibatches itself), got {gas!r}"
-                )
+    data = _read_ds_config(cfg.deepspeed_config)[0] if cfg.deepspeed_config is not None else None
+    offload = (((data or {}).get("zero_optimization") or {}).get("offload_param") or {}).get("device")
+    if ema and cfg.zero_stage == 3 and offload == "nvme":
+        # The EMA is swapped into each rank's parameter partitions, which NVMe offload keeps on disk.
+        problems.append(
+            f"distributed.deepspeed_config: zero_optimization.offload_param.device 'nvme' in "
+            f"{cfg.deepspeed_config} cannot be combined with ema (use offload to 'cpu' or drop the ema section)"
+        )
     world = env_world_size() if world_size is None else world_size
     if world > 0 and groups_per_step % world:
         problems.append(

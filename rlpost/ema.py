@@ -51,6 +51,16 @@ class EMAConfig:
     decay: float = 0.999
     update_every: int = 1
 
+    def problems(self) -> list[str]:
+        """Range problems, each naming its field relative to the section (``decay: ...``; the recipe prefixes
+        ``ema.``)."""
+        problems = []
+        if not 0.0 <= self.decay < 1.0:
+            problems.append(f"decay: must be in [0, 1), got {self.decay}")
+        if self.update_every < 1:
+            problems.append(f"update_every: must be >= 1, got {self.update_every}")
+        return problems
+
 
 class WeightShards(Protocol):
     """This rank's share of each trainable parameter, and how to go between shares and full tensors."""

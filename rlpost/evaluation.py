@@ -92,6 +92,15 @@ class EvalSettings:
     batch_size: int = 8
     save_images: bool = True
 
+    def problems(self) -> list[str]:
+        """Range problems, each naming its field relative to the section (the recipe prefixes ``eval.``)."""
+        problems = [
+            f"{n}: must be >= 1, got {getattr(self, n)}" for n in ("num_steps", "batch_size") if getattr(self, n) < 1
+        ]
+        if self.every < 0:
+            problems.append(f"every: must be >= 0, got {self.every}")
+        return problems
+
 
 @dataclass
 class EvalSpec:

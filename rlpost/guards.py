@@ -47,9 +47,9 @@ class GuardConfig:
     max_skipped_steps: int = 0
 
     def problems(self) -> list[str]:
-        """Range problems, each naming its ``guards.*`` field."""
+        """Range problems, each naming its field relative to the section (the recipe prefixes ``guards.``)."""
         n = self.max_skipped_steps
-        return [f"guards.max_skipped_steps: must be >= 0, got {n}"] if n < 0 else []
+        return [f"max_skipped_steps: must be >= 0, got {n}"] if n < 0 else []
 
 
 class Guards:

@@ -48,19 +48,23 @@ class LoggingConfig:
     grid_every: int = 0
 
     def problems(self) -> list[str]:
-        """Range problems, each naming its ``logging.*`` field (missing trackers: :func:`missing_tracker_packages`)."""
-        return [f"logging.grid_every: must be >= 0, got {self.grid_every}"] if self.grid_every < 0 else []
+        """Range problems and enabled trackers whose package is not installed, each naming its field relative to the
+        section (the recipe prefixes ``logging.``)."""
+        problems = [f"grid_every: must be >= 0, got {self.grid_every}"] if self.grid_every < 0 else []
+        return problems + self.missing_trackers()
+
+    def missing_trackers(self) -> list[str]:
+        """Enabled trackers whose package is not installed, each naming its field relative to the section."""
+        return [
+            f"{flag}: enabled but the {package!r} package is not installed (pip install {package})"
+            for flag, package in (("tensorboard", "tensorboard"), ("wandb", "wandb"))
+            if getattr(self, flag) and importlib.util.find_spec(package) is None
+        ]
 
 
 def missing_tracker_packages(config: LoggingConfig) -> list[str]:
-    """Recipe problems for enabled trackers whose package is not installed."""
-    problems = []
-    for flag, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
-        if getattr(config, flag) and importlib.util.find_spec(package) is None:
-            problems.append(
-                f"logging.{flag}: enabled but the {package!r} package is not installed (pip install {package})"
-            )
-    return problems
+    """Problems for enabled trackers whose package is not installed, each naming its ``logging.*`` field."""
+    return [f"logging.{p}" for p in config.missing_trackers()]
 
 
 class MetricsLogger:

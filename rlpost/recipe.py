@@ -1,6 +1,7 @@
 """Recipes: YAML files (with overlays and ``--a.b value`` overrides) that choose and configure every component.
 
-A recipe has these top-level keys::
+A recipe has these top-level keys (one :class:`Section` each in :data:`SECTIONS`, the table that validation, the
+command-line parser, name resolution and the resume checks are driven by)::
 
     run:             RunConfig (seed, output_dir, steps, groups per step, ...)
     model:           a Policy          (e.g. class_path: sd3)
@@ -36,12 +37,13 @@ import inspect
 import json
 import math
 import re
+import types
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import yaml
@@ -63,7 +65,7 @@ from rlpost.distributed import DistributedConfig, validate_distributed
 from rlpost.ema import EMAConfig
 from rlpost.evaluation import JUDGE, SET_NAME_RE, EvalSettings, EvalSpec
 from rlpost.guards import GuardConfig
-from rlpost.logging_ import LoggingConfig, missing_tracker_packages
+from rlpost.logging_ import LoggingConfig
 from rlpost.plugins import PluginHost
 from rlpost.registry import ContestedComponentError, suggest
 from rlpost.yaml_limits import MAX_BYTES as MAX_YAML_BYTES
@@ -120,18 +122,19 @@ class RunConfig:
     """Largest seed: the RNG streams derive ``seed * 1_000_003 + offset`` seeds and numpy takes 32-bit seeds."""
 
     def problems(self) -> list[str]:
-        """Range problems of these settings, each naming its ``run.*`` field (empty when the section is sane)."""
+        """Range problems of these settings, each naming its field relative to the section (the recipe prefixes
+        ``run.``; empty when the section is sane)."""
         problems = []
         for name in ("max_steps", "groups_per_step", "samples_per_group", "log_every"):
             if getattr(self, name) < 1:
-                problems.append(f"run.{name}: must be >= 1, got {getattr(self, name)}")
+                problems.append(f"{name}: must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.seed <= self.SEED_MAX:
-            problems.append(f"run.seed: must be in [0, {self.SEED_MAX}], got {self.seed}")
+            problems.append(f"seed: must be in [0, {self.SEED_MAX}], got {self.seed}")
         if self.max_grad_norm is not None and not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
-            problems.append(f"run.max_grad_norm: must be a positive finite number or null, got {self.max_grad_norm}")
+            problems.append(f"max_grad_norm: must be a positive finite number or null, got {self.max_grad_norm}")
         device = device_problem(self.device)
         if device is not None:
-            problems.append(f"run.device: {device}")
+            problems.append(f"device: {device}")
         return problems
 
 
@@ -159,30 +162,82 @@ def device_problem(spec: str) -> str | None:
     return None
 
 
-# Top-level key -> (base class, is_list). ``run``, ``reward_weights``, ``torch_optimizer`` and ``lr_scheduler`` are
-# handled separately.
+SectionKind = Literal["config", "component", "component-list", "component-mapping", "factory", "mapping", "eval"]
+
+
+@dataclass(frozen=True)
+class Section:
+    """One recipe key: what it holds and how it is parsed, validated and compared on resume.
+
+    Attributes:
+        name: The key (``sampler``), or the sub-key within ``eval`` (:data:`EVAL_SECTIONS`).
+        kind: ``config`` (a dataclass with a ``problems()`` method; absent = its defaults unless ``optional``),
+            ``component`` / ``component-list`` / ``component-mapping`` (one / a list / a name->item mapping of
+            ``type`` chosen by registered name from the ``registry`` kind), ``factory`` (a callable built by
+            jsonargparse from a class path: the torch optimizer and scheduler), ``mapping`` (plain data of ``type``)
+            or ``eval`` (the held-out evaluation section, :data:`EVAL_SECTIONS` plus :class:`EvalSettings`).
+        type: Config class, component base class, factory callable type or mapping type.
+        registry: Plugin registry kind that resolves short component names.
+        required: The recipe must give it.
+        optional: Absent or null means ``None`` (not the defaults): the feature is off.
+        state: ``whole`` / ``class``: changing the section (compared whole / by class_path) between a checkpoint and
+            a resume breaks the saved state, so the resume is refused.
+        help: Command-line help.
+    """
+
+    name: str
+    kind: SectionKind
+    type: Any
+    registry: str = ""
+    required: bool = False
+    optional: bool = False
+    state: Literal["", "whole", "class"] = ""
+    help: str = ""
+
+
+# The recipe's sections, in validation order (which is also the order of the saved recipe.yaml).
+SECTIONS: tuple[Section, ...] = (
+    Section("run", "config", RunConfig, help="run settings"),
+    Section("model", "component", Policy, "model", required=True, state="whole", help="the model component"),
+    Section("prompts", "component", PromptSource, "prompts", required=True, help="the prompts component"),
+    Section("sampler", "component", Sampler, "sampler", required=True, state="class", help="the sampler component"),
+    Section(
+        "advantage", "component", AdvantageEstimator, "advantage", True, state="class", help="the advantage component"
+    ),
+    Section(
+        "optimizer", "component", PolicyOptimizer, "optimizer", True, state="class", help="the optimizer component"
+    ),
+    Section("rewards", "component-list", RewardSource, "reward", required=True, help="reward sources"),
+    Section(
+        "torch_optimizer", "factory", OptimizerFactory, required=True, state="class", help="torch optimizer factory"
+    ),
+    Section("lr_scheduler", "factory", SchedulerFactory, optional=True, state="class", help="LR scheduler factory"),
+    Section("checkpoint", "config", CheckpointConfig, help="checkpoint interval and rotation"),
+    Section("logging", "config", LoggingConfig, help="trackers and sample grids"),
+    Section("guards", "config", GuardConfig, help="non-finite policy"),
+    Section("ema", "config", EMAConfig, optional=True, help="EMA of the trainable weights"),
+    Section("distributed", "config", DistributedConfig, optional=True, help="DeepSpeed ZeRO settings"),
+    Section(
+        "eval",
+        "eval",
+        EvalSettings,
+        optional=True,
+        help="held-out evaluation (optional section): eval.prompts or eval.sets, rewards, judges and settings",
+    ),
+    Section("reward_weights", "mapping", dict[str, float], help="weight per reward name"),
+)
+SECTION = {s.name: s for s in SECTIONS}
+# The components of the ``eval`` section (its other keys are :class:`EvalSettings`).
+EVAL_SECTIONS: tuple[Section, ...] = (
+    Section("prompts", "component", PromptSource, "prompts", help="held-out prompt source"),
+    Section("sets", "component-mapping", PromptSource, "prompts", help="named held-out prompt sources"),
+    Section("rewards", "component-list", RewardSource, "reward", help="evaluation rewards (default: training)"),
+    Section("judges", "component-list", RewardSource, "reward", help="second judges, never training rewards"),
+)
 COMPONENT_KEYS: dict[str, tuple[type[Component], str]] = {
-    "model": (Policy, "model"),
-    "prompts": (PromptSource, "prompts"),
-    "sampler": (Sampler, "sampler"),
-    "advantage": (AdvantageEstimator, "advantage"),
-    "optimizer": (PolicyOptimizer, "optimizer"),
+    s.name: (s.type, s.registry) for s in SECTIONS if s.kind == "component"
 }
-LIST_KEYS: dict[str, tuple[type[Component], str]] = {"rewards": (RewardSource, "reward")}
-OTHER_KEYS = ("run", "reward_weights", "torch_optimizer", "lr_scheduler")
-# Plain-dataclass sections (type-checked by jsonargparse like ``run``); absent = the dataclass defaults.
-SETTINGS_KEYS: dict[str, type[Any]] = {
-    "checkpoint": CheckpointConfig,
-    "logging": LoggingConfig,
-    "guards": GuardConfig,
-}
-OPTIONAL_KEYS = ("eval", "ema", "distributed")
-REQUIRED_KEYS = ("model", "prompts", "sampler", "rewards", "advantage", "optimizer", "torch_optimizer")
-ALL_KEYS = (*COMPONENT_KEYS, *LIST_KEYS, *OTHER_KEYS, *SETTINGS_KEYS, *OPTIONAL_KEYS)
-# Changing one of these between a checkpoint and a resume breaks the saved state (weights, optimizer or sampler
-# state no longer fit): the resume is refused. ``model`` is compared whole, the others by class_path.
-STATE_BREAKING_KEYS = ("model",)
-STATE_BREAKING_CLASSES = ("sampler", "advantage", "optimizer", "torch_optimizer", "lr_scheduler")
+"""Single-component sections: key -> (base class, registry kind)."""
 
 
 # What an error message may print: a hostile recipe must not turn into a multi-megabyte message.
@@ -542,118 +597,131 @@ def _clean(message: str, key: str) -> str:
 def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
     """Validate a merged recipe and instantiate its components (no weights are loaded).
 
+    Each section in :data:`SECTIONS` is type-checked by its kind; the range problems of the config sections (their
+    ``problems()``) and the checks across sections follow, then the components' own checks.
+
     Raises:
         RecipeError: Listing every problem found, each naming the offending field.
     """
-    problems: list[str] = []
-    for key in cfg:
-        if key not in ALL_KEYS:
-            problems.append(f"{key}: unknown top-level key{suggest(key, list(ALL_KEYS))}")
-    for key in REQUIRED_KEYS:
-        if key not in cfg:
-            problems.append(f"{key}: missing (required)")
-    built: dict[str, Any] = {}
-    resolved: dict[str, Any] = {}
-    run_value = cfg.get("run", {})
-    built["run"] = _check_with_parser("run", RunConfig, run_value, problems)
-    resolved["run"] = dataclasses.asdict(built["run"]) if built["run"] is not None else run_value
-    # Run-range problems are reported with every other problem; component checks below need a sane run section.
-    run_problems = built["run"].problems() if built["run"] is not None else []
-    for key, (base, kind) in COMPONENT_KEYS.items():
-        if key not in cfg:
-            continue
-        value = _resolve_component(cfg[key], key, kind, host, problems)
-        if value is not None:
-            built[key] = _check_with_parser(key, base, value, problems)
-            resolved[key] = with_defaults(value) if built[key] is not None else value
-    rewards_raw = cfg.get("rewards", [])
-    if "rewards" in cfg and (not isinstance(rewards_raw, list) or not rewards_raw):
-        problems.append("rewards: expected a non-empty list of reward sources")
-        rewards_raw = []
-    built["rewards"], resolved["rewards"] = [], []
-    for i, item in enumerate(rewards_raw):
-        value = _resolve_component(item, f"rewards[{i}]", "reward", host, problems)
-        if value is None:
-            continue
-        reward = _check_with_parser("rewards", list[RewardSource], [value], problems, where=f"rewards[{i}]")
-        resolved["rewards"].append(value if reward is None else with_defaults(value))
-        if reward is not None:
-            built["rewards"].extend(reward)
-    if "torch_optimizer" in cfg:
-        resolved["torch_optimizer"] = cfg["torch_optimizer"]
-        built["torch_optimizer"] = _check_with_parser(
-            "torch_optimizer", OptimizerFactory, cfg["torch_optimizer"], problems
-        )
-    built["lr_scheduler"] = None
-    if cfg.get("lr_scheduler") is not None:
-        resolved["lr_scheduler"] = cfg["lr_scheduler"]
-        built["lr_scheduler"] = _check_with_parser("lr_scheduler", SchedulerFactory, cfg["lr_scheduler"], problems)
-    for key, typ in SETTINGS_KEYS.items():
-        built[key] = _check_with_parser(key, typ, cfg.get(key) or {}, problems)
-        resolved[key] = dataclasses.asdict(built[key]) if built[key] is not None else cfg.get(key)
-    built["ema"] = None
-    if cfg.get("ema") is not None:
-        built["ema"] = _check_with_parser("ema", EMAConfig, cfg["ema"], problems)
-        resolved["ema"] = dataclasses.asdict(built["ema"]) if built["ema"] is not None else cfg["ema"]
-    built["distributed"] = None
-    if cfg.get("distributed") is not None:
-        built["distributed"] = _check_with_parser("distributed", DistributedConfig, cfg["distributed"], problems)
-        if built["distributed"] is not None:
-            resolved["distributed"] = dataclasses.asdict(built["distributed"])
-            if built["run"] is not None:
-                run_problems.extend(
-                    validate_distributed(
-                        built["distributed"], built["run"].groups_per_step, ema=cfg.get("ema") is not None
-                    )
-                )
-        else:
-            resolved["distributed"] = cfg["distributed"]
-    run_problems.extend(_settings_checks(built))
-    if built.get("torch_optimizer") is not None:
-        run_problems.extend(
-            _optimizer_checks(cfg["torch_optimizer"], built["torch_optimizer"], cfg.get("lr_scheduler"), built)
-        )
-    built["eval"] = None
-    if cfg.get("eval") is not None:
-        built["eval"], resolved["eval"] = _validate_eval(
-            cfg["eval"], resolved.get("rewards", []), built, host, problems
-        )
-    weights = cfg.get("reward_weights", {}) or {}
-    if not isinstance(weights, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()
-    ):
-        problems.append(f"reward_weights: expected a mapping of reward name to number, got {short_repr(weights)}")
-        weights = {}
+    problems = [f"{key}: unknown top-level key{suggest(key, list(SECTION))}" for key in cfg if key not in SECTION]
+    problems += [f"{s.name}: missing (required)" for s in SECTIONS if s.required and s.name not in cfg]
+    checks = _SectionChecks(cfg, host, problems)
+    for section in SECTIONS:
+        checks.check(section)
+    built, resolved = checks.built, checks.resolved
+    # Range problems are reported with every other problem; the component checks below need a sane run section.
+    range_problems = _range_problems(cfg, built)
     if problems:
-        raise RecipeError(problems + run_problems)
-    problems.extend(run_problems)
+        raise RecipeError(problems + range_problems)
     reward_names = [r.name for r in built["rewards"]]
-    problems.extend(_check_rewards(reward_names, weights))
-    full_weights = {name: float(weights.get(name, 1.0)) for name in reward_names}
-    resolved["reward_weights"] = full_weights
-    recipe = Recipe(
-        run=built["run"],
-        model=built["model"],
-        prompts=built["prompts"],
-        sampler=built["sampler"],
-        rewards=built["rewards"],
-        reward_weights=full_weights,
-        advantage=built["advantage"],
-        optimizer=built["optimizer"],
-        torch_optimizer=built["torch_optimizer"],
-        lr_scheduler=built["lr_scheduler"],
-        config=resolved,
-        checkpoint=built["checkpoint"],
-        logging=built["logging"],
-        guards=built["guards"],
-        eval=built["eval"],
-        ema=built["ema"],
-        distributed=built["distributed"],
-    )
-    problems.extend(_cross_checks(recipe, sane_run=not run_problems))
+    problems = range_problems + _check_rewards(reward_names, built["reward_weights"])
+    built["reward_weights"] = {name: float(built["reward_weights"].get(name, 1.0)) for name in reward_names}
+    resolved["reward_weights"] = built["reward_weights"]
+    recipe = Recipe(config=resolved, **built)
+    problems.extend(_cross_checks(recipe, sane_run=not range_problems))
     if problems:
         raise RecipeError(problems)
     return recipe
+
+
+class _SectionChecks:
+    """Type-checks one recipe section per :meth:`check` call, by its :attr:`Section.kind`, into
+    ``built`` (the instantiated section, ``None`` when an optional one is off) and ``resolved`` (its plain data with
+    registered names resolved and defaults filled in), recording problems."""
+
+    def __init__(self, cfg: dict[str, Any], host: PluginHost, problems: list[str]) -> None:
+        self.cfg, self.host, self.problems = cfg, host, problems
+        self.built: dict[str, Any] = {}
+        self.resolved: dict[str, Any] = {}
+
+    def check(self, s: Section) -> None:
+        """Check the top-level section ``s`` by its kind."""
+        by_kind = {
+            "config": self.config,
+            "component": self.component,
+            "component-list": self.component_list,
+            "factory": self.factory,
+            "mapping": self.mapping,
+            "eval": self.eval,
+        }
+        by_kind[s.kind](s)
+
+    def config(self, s: Section) -> None:
+        """A dataclass, type-checked by jsonargparse (absent: its defaults, or ``None`` when optional)."""
+        raw = self.cfg.get(s.name)
+        self.built[s.name] = None
+        if raw is not None or not s.optional:
+            built = self.built[s.name] = _check_with_parser(s.name, s.type, raw or {}, self.problems)
+            self.resolved[s.name] = dataclasses.asdict(built) if built is not None else raw
+
+    def component(self, s: Section) -> None:
+        """One component chosen by name or class path, its arguments type-checked by jsonargparse."""
+        if s.name not in self.cfg:
+            return
+        value = _resolve_component(self.cfg[s.name], s.name, s.registry, self.host, self.problems)
+        if value is not None:
+            built = self.built[s.name] = _check_with_parser(s.name, s.type, value, self.problems)
+            self.resolved[s.name] = with_defaults(value) if built is not None else value
+
+    def component_list(self, s: Section) -> None:
+        """A non-empty list of components, each checked as :meth:`component` under ``NAME[i]``."""
+        raw = self.cfg.get(s.name, [])
+        if s.name in self.cfg and (not isinstance(raw, list) or not raw):
+            self.problems.append(f"{s.name}: expected a non-empty list of {s.registry} sources")
+            raw = []
+        built: list[Component] = []
+        resolved: list[Any] = []
+        self.built[s.name], self.resolved[s.name] = built, resolved
+        for i, item in enumerate(raw):
+            value = _resolve_component(item, f"{s.name}[{i}]", s.registry, self.host, self.problems)
+            if value is not None:
+                got = _check_with_parser(s.name, _option_type(s), [value], self.problems, where=f"{s.name}[{i}]")
+                resolved.append(value if got is None else with_defaults(value))
+                built.extend(got or [])
+
+    def factory(self, s: Section) -> None:
+        """A callable built by jsonargparse from a class path and arguments (``None`` when optional and absent)."""
+        self.built[s.name] = None
+        if s.name in self.cfg and not (s.optional and self.cfg[s.name] is None):
+            self.resolved[s.name] = self.cfg[s.name]
+            self.built[s.name] = _check_with_parser(s.name, s.type, self.cfg[s.name], self.problems)
+
+    def mapping(self, s: Section) -> None:
+        """``reward_weights``: reward name -> number (checked against the rewards once they are built)."""
+        weights = self.cfg.get(s.name, {}) or {}
+        if not isinstance(weights, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()
+        ):
+            self.problems.append(f"{s.name}: expected a mapping of reward name to number, got {short_repr(weights)}")
+            weights = {}
+        self.built[s.name] = weights
+
+    def eval(self, s: Section) -> None:
+        """The optional ``eval`` section (:func:`_validate_eval`)."""
+        self.built[s.name] = None
+        if self.cfg.get(s.name) is not None:
+            train_rewards = self.resolved.get("rewards", [])
+            got = _validate_eval(self.cfg[s.name], train_rewards, self.built, self.host, self.problems)
+            self.built[s.name], self.resolved[s.name] = got
+
+
+def _range_problems(cfg: dict[str, Any], built: dict[str, Any]) -> list[str]:
+    """Each config section's own ``problems()`` (prefixed with its section name) for the sections that type-checked,
+    then the checks that need two sections: distributed against run and ema, and the torch optimizer's arguments."""
+    problems = [
+        f"{s.name}.{p}"
+        for s in SECTIONS
+        if s.kind == "config" and built.get(s.name) is not None
+        for p in built[s.name].problems()
+    ]
+    if built.get("distributed") is not None and built.get("run") is not None:
+        ema = cfg.get("ema") is not None
+        problems.extend(validate_distributed(built["distributed"], built["run"].groups_per_step, ema=ema))
+    if built.get("torch_optimizer") is not None:
+        problems.extend(
+            _optimizer_checks(cfg["torch_optimizer"], built["torch_optimizer"], cfg.get("lr_scheduler"), built)
+        )
+    return problems
 
 
 def _validate_eval(
@@ -667,7 +735,7 @@ def _validate_eval(
             f"{value!r}"
         )
         return None, value
-    components = ("prompts", "sets", "rewards", "judges")
+    components = tuple(e.name for e in EVAL_SECTIONS)
     known = (*components, *(f.name for f in dataclasses.fields(EvalSettings)))
     for key in value:
         if key not in known:
@@ -704,11 +772,7 @@ def _validate_eval(
     judges = _validate_judges(value, built, names, host, problems, resolved)
     if settings is not None:
         resolved.update(dataclasses.asdict(settings))
-        for name in ("num_steps", "batch_size"):
-            if getattr(settings, name) < 1:
-                problems.append(f"eval.{name}: must be >= 1, got {getattr(settings, name)}")
-        if settings.every < 0:
-            problems.append(f"eval.every: must be >= 0, got {settings.every}")
+        problems.extend(f"eval.{p}" for p in settings.problems())
     if len(problems) > start or sets is None or settings is None:
         return None, resolved
     return EvalSpec(sets=sets, rewards=rewards, judges=judges, settings=settings), resolved
@@ -891,25 +955,6 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def _settings_checks(built: dict[str, Any]) -> list[str]:
-    """Range checks of the checkpoint/logging/guards/ema sections that type-checked (``built[key]`` not None); each
-    settings class checks its own fields (``problems()``)."""
-    problems: list[str] = []
-    for section in SETTINGS_KEYS:
-        obj = built.get(section)
-        if obj is not None:
-            problems.extend(obj.problems())
-    if built.get("logging") is not None:
-        problems.extend(missing_tracker_packages(built["logging"]))
-    ema = built.get("ema")
-    if ema is not None:
-        if not 0.0 <= ema.decay < 1.0:
-            problems.append(f"ema.decay: must be in [0, 1), got {ema.decay}")
-        if ema.update_every < 1:
-            problems.append(f"ema.update_every: must be >= 1, got {ema.update_every}")
-    return problems
-
-
 def _with_all_defaults(key: str, value: Any) -> Any:
     """The component ``value`` of the recipe field ``key`` with every default filled in, nested dataclass arguments
     (``model.init_args.lora``) included, as jsonargparse's parser fills them (:func:`with_defaults` where jsonargparse
@@ -917,7 +962,7 @@ def _with_all_defaults(key: str, value: Any) -> Any:
     if key not in COMPONENT_KEYS or not (isinstance(value, dict) and isinstance(value.get("class_path"), str)):
         return with_defaults(value)
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument(f"--{key}", type=COMPONENT_KEYS[key][0])
+    parser.add_argument(f"--{key}", type=SECTION[key].type)
     try:
         return yaml.safe_load(parser.dump(parser.parse_object({key: value}), skip_validation=True))[key]
     except Exception:  # noqa: BLE001 - jsonargparse raises several types; the plain comparison then applies
@@ -927,11 +972,11 @@ def _with_all_defaults(key: str, value: Any) -> Any:
 def state_breaking_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Differences between two resolved recipes that make a checkpoint of ``old`` unusable under ``new``."""
     problems = []
-    for key in STATE_BREAKING_KEYS:
+    for key in (s.name for s in SECTIONS if s.state == "whole"):
         # Runs saved before recipe.yaml listed constructor defaults compare equal when only the defaults differ.
         if _with_all_defaults(key, old.get(key)) != _with_all_defaults(key, new.get(key)):
             problems.append(f"{key}: changed from {old.get(key)!r} to {new.get(key)!r}")
-    for key in STATE_BREAKING_CLASSES:
+    for key in (s.name for s in SECTIONS if s.state == "class"):
         a, b = old.get(key) or {}, new.get(key) or {}
         if a.get("class_path") != b.get("class_path"):
             problems.append(f"{key}.class_path: changed from {a.get('class_path')!r} to {b.get('class_path')!r}")
@@ -973,38 +1018,33 @@ def _resolve_names(doc: dict[str, Any], host: PluginHost) -> dict[str, Any]:
         resolved = _resolve_component(value, "", kind, host, [])
         return value if resolved is None else resolved
 
-    out = dict(doc)
-    for key, (_, kind) in COMPONENT_KEYS.items():
-        if key in out:
-            out[key] = one(out[key], kind)
-    if isinstance(out.get("rewards"), list):
-        out["rewards"] = [one(item, "reward") for item in out["rewards"]]
-    section = out.get("eval")
-    if isinstance(section, dict):
-        section = dict(section)
-        if "prompts" in section:
-            section["prompts"] = one(section["prompts"], "prompts")
-        if isinstance(section.get("sets"), dict):
-            section["sets"] = {name: one(item, "prompts") for name, item in section["sets"].items()}
-        for key in ("rewards", "judges"):
-            if isinstance(section.get(key), list):
-                section[key] = [one(item, "reward") for item in section[key]]
-        out["eval"] = section
-    return out
+    def section(data: dict[str, Any], sections: tuple[Section, ...]) -> dict[str, Any]:
+        out = dict(data)
+        for s in sections:
+            value = out.get(s.name)
+            if s.kind == "component" and s.name in out:
+                out[s.name] = one(value, s.registry)
+            elif s.kind == "component-list" and isinstance(value, list):
+                out[s.name] = [one(item, s.registry) for item in value]
+            elif s.kind == "component-mapping" and isinstance(value, dict):
+                out[s.name] = {name: one(item, s.registry) for name, item in value.items()}
+            elif s.kind == "eval" and isinstance(value, dict):
+                out[s.name] = section(value, EVAL_SECTIONS)
+        return out
+
+    return section(doc, SECTIONS)
 
 
 # Command-line options that take a component name, and the registry that resolves it.
 NAMED_OPTIONS: dict[str, str] = {
-    **{key: kind for key, (_, kind) in COMPONENT_KEYS.items()},
-    "eval.prompts": "prompts",
+    **{s.name: s.registry for s in SECTIONS if s.kind == "component"},
+    **{f"eval.{e.name}": e.registry for e in EVAL_SECTIONS if e.kind == "component"},
 }
 # List and mapping fields whose ``--KEY.help NAME`` names one component (``--KEY NAME`` gives the whole list).
 NAMED_HELP_OPTIONS: dict[str, str] = {
     **NAMED_OPTIONS,
-    **{key: kind for key, (_, kind) in LIST_KEYS.items()},
-    "eval.sets": "prompts",
-    "eval.rewards": "reward",
-    "eval.judges": "reward",
+    **{s.name: s.registry for s in SECTIONS if s.kind == "component-list"},
+    **{f"eval.{e.name}": e.registry for e in EVAL_SECTIONS if e.kind != "component"},
 }
 
 
@@ -1193,7 +1233,7 @@ def _parse_problem(message: str) -> tuple[str, str | None]:
         unrecognized = re.match(r"\s*[Uu]nrecognized arguments: --([^\s=]+)", message)
         if unrecognized is not None:  # a top-level option that is no recipe field
             name = unrecognized.group(1)
-            return f"--{name}: unknown option{suggest(name.split('.')[0], list(ALL_KEYS))}", None
+            return f"--{name}: unknown option{suggest(name.split('.')[0], list(SECTION))}", None
         return _clip(" ".join(message.split()), MAX_PROBLEM_CHARS), None
     where = match.group(1)
     # "Problem with given class_path 'X'" (classes) or "Got value: Namespace(class_path='X', ...)" (callables)
@@ -1219,7 +1259,7 @@ def _recipe_from_namespace(parser: ArgumentParser, namespace: Namespace) -> dict
     :func:`validate` reports required ones as missing), as is an ``eval`` section with no component and only default
     settings (evaluation is optional)."""
     dumped = yaml.safe_load(parser.dump(namespace, skip_validation=True)) or {}
-    cfg = {k: v for k, v in dumped.items() if k in ALL_KEYS and not (v is None and k in REQUIRED_KEYS)}
+    cfg = {k: v for k, v in dumped.items() if k in SECTION and not (v is None and SECTION[k].required)}
     section = cfg.pop("eval", None)
     if isinstance(section, dict):
         section = {k: v for k, v in section.items() if v is not None}
@@ -1245,37 +1285,38 @@ def build_parser(prog: str = "rlpost train") -> ArgumentParser:
     parser.add_argument(
         "--recipe", action=ActionConfigFile, help="recipe YAML file; repeat to overlay later files on earlier ones"
     )
-    parser.add_class_arguments(RunConfig, "run")
-    parser.add_class_arguments(CheckpointConfig, "checkpoint")
-    parser.add_class_arguments(LoggingConfig, "logging")
-    parser.add_class_arguments(GuardConfig, "guards")
-    parser.add_argument("--ema", type=EMAConfig | None, default=None, help="EMA of the trainable weights")
-    parser.add_argument("--distributed", type=DistributedConfig | None, default=None, help="DeepSpeed ZeRO settings")
-    for key, (base, _) in COMPONENT_KEYS.items():
-        parser.add_argument(f"--{key}", type=base, help=f"the {key} component")
-    parser.add_argument("--rewards", type=list[RewardSource], help="reward sources")
-    parser.add_argument("--reward_weights", type=dict[str, float], default={}, help="weight per reward name")
-    parser.add_argument("--torch_optimizer", type=OptimizerFactory, help="torch optimizer factory")
-    parser.add_argument("--lr_scheduler", type=SchedulerFactory | None, default=None, help="LR scheduler factory")
-    evaluation = parser.add_argument_group(
-        "eval", "held-out evaluation (optional section): eval.prompts or eval.sets, rewards, judges and settings"
-    )
-    evaluation.add_argument("--eval.prompts", type=PromptSource | None, default=None, help="held-out prompt source")
-    evaluation.add_argument(
-        "--eval.sets", type=dict[str, PromptSource] | None, default=None, help="named held-out prompt sources"
-    )
-    evaluation.add_argument(
-        "--eval.rewards", type=list[RewardSource] | None, default=None, help="evaluation rewards (default: training)"
-    )
-    evaluation.add_argument(
-        "--eval.judges", type=list[RewardSource] | None, default=None, help="second judges, never training rewards"
-    )
-    hints = typing.get_type_hints(EvalSettings)
-    for f in dataclasses.fields(EvalSettings):
-        evaluation.add_argument(
-            f"--eval.{f.name}", type=hints[f.name], default=f.default, help=EVAL_SETTING_HELP[f.name]
-        )
+    for section in SECTIONS:
+        _add_arguments(parser, section)
     return parser
+
+
+def _option_type(s: Section) -> Any:
+    """The type jsonargparse checks a section's value against (a list or mapping of components, or ``s.type``)."""
+    if s.kind == "component-list":
+        return types.GenericAlias(list, (s.type,))
+    if s.kind == "component-mapping":
+        return types.GenericAlias(dict, (str, s.type))
+    return s.type
+
+
+def _add_arguments(parser: ArgumentParser, s: Section) -> None:
+    """The command-line option(s) of one recipe section."""
+    if s.kind == "config" and not s.optional:
+        parser.add_class_arguments(s.type, s.name)
+    elif s.kind == "eval":  # every key optional: the section is off unless it names a prompt source
+        group = parser.add_argument_group(s.name, s.help)
+        for e in EVAL_SECTIONS:
+            group.add_argument(f"--eval.{e.name}", type=_option_type(e) | None, default=None, help=e.help)
+        hints = typing.get_type_hints(EvalSettings)
+        for f in dataclasses.fields(EvalSettings):
+            help_text = EVAL_SETTING_HELP[f.name]
+            group.add_argument(f"--eval.{f.name}", type=hints[f.name], default=f.default, help=help_text)
+    elif s.optional:
+        parser.add_argument(f"--{s.name}", type=_option_type(s) | None, default=None, help=s.help)
+    elif s.kind == "mapping":
+        parser.add_argument(f"--{s.name}", type=s.type, default={}, help=s.help)
+    else:
+        parser.add_argument(f"--{s.name}", type=_option_type(s), help=s.help)
 
 
 EVAL_SETTING_HELP = {

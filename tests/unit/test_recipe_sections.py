@@ -1,0 +1,91 @@
+"""The recipe's one table of sections (``rlpost.recipe.SECTIONS``) and the config classes' own range checks.
+
+The table feeds validation, the command-line parser, name resolution and the resume checks; these tests keep the
+places it cannot generate (the :class:`Recipe` dataclass) in step with it, and check that each config class reports
+its problems relative to its section while the recipe names the full field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from rlpost.checkpoint import CheckpointConfig
+from rlpost.distributed import DistributedConfig
+from rlpost.ema import EMAConfig
+from rlpost.evaluation import EvalSettings
+from rlpost.guards import GuardConfig
+from rlpost.logging_ import LoggingConfig
+from rlpost.plugins import PluginHost
+from rlpost.recipe import SECTIONS, Recipe, RecipeError, RunConfig, build_parser, state_breaking_changes, validate
+from tests import toy_components
+from tests.toy_components import toy_recipe
+
+
+def test_recipe_dataclass_has_one_field_per_section():
+    assert {f.name for f in dataclasses.fields(Recipe)} - {"config"} == {s.name for s in SECTIONS}
+
+
+def test_parser_has_an_option_for_every_section():
+    options = {key.split(".")[0] for key in build_parser().get_defaults().keys()}
+    assert options == {s.name for s in SECTIONS} | {"recipe"}
+
+
+def test_every_config_section_owns_a_problems_method():
+    for section in SECTIONS:
+        if section.kind == "config":
+            assert section.type().problems() == [], section.name  # the defaults are sane
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (RunConfig(max_steps=0), "max_steps: must be >= 1, got 0"),
+        (CheckpointConfig(keep_last=-1), "keep_last: must be >= 0, got -1"),
+        (GuardConfig(max_skipped_steps=-2), "max_skipped_steps: must be >= 0, got -2"),
+        (LoggingConfig(grid_every=-1), "grid_every: must be >= 0, got -1"),
+        (EMAConfig(decay=1.0), "decay: must be in [0, 1), got 1.0"),
+        (EMAConfig(update_every=0), "update_every: must be >= 1, got 0"),
+        (EvalSettings(every=-1), "every: must be >= 0, got -1"),
+        (EvalSettings(batch_size=0), "batch_size: must be >= 1, got 0"),
+        (DistributedConfig(zero_stage=4), "zero_stage: must be 0, 1, 2 or 3, got 4"),
+    ],
+)
+def test_config_problems_name_the_field_relative_to_the_section(config, expected):
+    assert config.problems() == [expected]
+
+
+def test_recipe_prefixes_each_config_problem_with_its_section(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"gradient_accumulation_steps": 4}))
+    cfg = toy_recipe(str(tmp_path / "r"), log_every=0)
+    cfg["checkpoint"] = {"every": -1}
+    cfg["guards"] = {"max_skipped_steps": -1}
+    cfg["logging"] = {"grid_every": -3}
+    cfg["ema"] = {"decay": 1.5, "update_every": 0}
+    cfg["distributed"] = {"zero_stage": 9, "deepspeed_config": str(ds)}
+    cfg["eval"] = {"prompts": cfg["prompts"], "num_steps": 0}
+    with pytest.raises(RecipeError) as err:
+        validate(cfg, host)
+    for field in (
+        "run.log_every: must be >= 1",
+        "checkpoint.every: must be >= 0",
+        "guards.max_skipped_steps: must be >= 0",
+        "logging.grid_every: must be >= 0",
+        "ema.decay: must be in [0, 1)",
+        "ema.update_every: must be >= 1",
+        "distributed.zero_stage: must be 0, 1, 2 or 3",
+        "distributed.deepspeed_config: gradient_accumulation_steps must be 1 or absent",
+        "eval.num_steps: must be >= 1",
+    ):
+        assert any(p.startswith(field) for p in err.value.problems), (field, err.value.problems)
+
+
+def test_state_breaking_sections_come_from_the_table():
+    old = {s.name: {"class_path": "a.A"} for s in SECTIONS if s.state}
+    new = {**old, "sampler": {"class_path": "b.B"}, "prompts": {"class_path": "b.B"}}
+    assert state_breaking_changes(old, new) == ["sampler.class_path: changed from 'a.A' to 'b.B'"]
