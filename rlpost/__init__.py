@@ -7,7 +7,7 @@ Plugins import :data:`hookimpl` and the component base classes from here::
 
 from __future__ import annotations
 
-from rlpost.api import (
+from rlpost.core.api import (
     AdvantageEstimator,
     Advantages,
     Conditioning,
@@ -21,8 +21,8 @@ from rlpost.api import (
     TrainBackend,
     UpdateContext,
 )
-from rlpost.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
-from rlpost.hookspecs import hookimpl
+from rlpost.core.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
+from rlpost.core.hookspecs import hookimpl
 
 __all__ = [
     "AdvantageEstimator",

@@ -28,7 +28,6 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
 from rlpost.components.chain import (
     ChainPlan,
     last_steps_kernels,
@@ -36,10 +35,11 @@ from rlpost.components.chain import (
     run_chains,
     shared_or_independent_noise,
 )
-from rlpost.contract import PromptBatch, Rollout
+from rlpost.core.api import EdgeEval, Policy, Sampler, StepCounts
+from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
+from rlpost.ops.sampling import evaluate_edges
 from rlpost.ops.schedules import TIME_GRIDS, clean_tail_steps
-from rlpost.sampling import evaluate_edges
 
 __all__ = ["DanceGRPOSampler"]
 

@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlpost.api import AdvantageEstimator, Advantages
 from rlpost.components.chain import broadcast_to_edges
-from rlpost.contract import RewardScores, Rollout
+from rlpost.core.api import AdvantageEstimator, Advantages
+from rlpost.core.contract import RewardScores, Rollout
 
 __all__ = ["PerPromptStatTracker"]
 

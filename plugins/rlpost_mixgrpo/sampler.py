@@ -21,17 +21,17 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
 from rlpost.components.chain import (
     DPM_SOLVER,
     ChainPlan,
     run_chains,
     shared_or_independent_noise,
 )
-from rlpost.contract import PromptBatch, Rollout
+from rlpost.core.api import EdgeEval, Policy, Sampler, StepCounts
+from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
+from rlpost.ops.sampling import evaluate_edges
 from rlpost.ops.schedules import time_shift
-from rlpost.sampling import evaluate_edges
 
 from .window import WindowScheduler, WindowStrategy
 

@@ -1,4 +1,4 @@
-"""Serve any local :class:`~rlpost.api.RewardSource` over HTTP for :class:`~rlpost_rewards.remote.RemoteReward`.
+"""Serve any local :class:`~rlpost.core.api.RewardSource` over HTTP for :class:`~rlpost_rewards.remote.RemoteReward`.
 
 Example::
 
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from rlpost.api import RewardSource
+from rlpost.core.api import RewardSource
 
 from ._wire import ImageLimitError, WireLimits, decode_images
 

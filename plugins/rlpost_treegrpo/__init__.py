@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlpost.hookspecs import hookimpl
+from rlpost.core.hookspecs import hookimpl
 
 
 @hookimpl

@@ -30,10 +30,10 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
-from rlpost.contract import PromptBatch, Rollout, StashKey
+from rlpost.core.api import EdgeEval, Policy, Sampler, StepCounts
+from rlpost.core.contract import PromptBatch, Rollout, StashKey
 from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
-from rlpost.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
+from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
 from rlpost_treegrpo.window import (
     WindowLaw,
     draw_window_start,

@@ -4,7 +4,7 @@ All three algorithms draw ``samples_per_group`` independent denoising chains per
 *per-step plan*: which step kernel runs at each schedule index (SDE, ODE, DPM-Solver++), which edges may be trained
 (every step, a per-sample random subset, a sliding window) and whether a group shares its initial noise. This module
 runs such a plan batched over every chain of the batch and records one node per chain per noise level and one edge per
-transition with :class:`~rlpost.sampling.RolloutBuilder`. The plans restate ``XueZeyue/DanceGRPO``
+transition with :class:`~rlpost.ops.sampling.RolloutBuilder`. The plans restate ``XueZeyue/DanceGRPO``
 ``fastvideo/train_grpo_flux.py``@15cc71d, ``yifan123/flow_grpo`` ``scripts/train_sd3_fast.py``@74db691 (random SDE
 window) and ``Tencent-Hunyuan/MixGRPO`` ``fastvideo/utils/grpo_states.py``@e5cdd6a (sliding window).
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlpost.api import Policy
-from rlpost.contract import PromptBatch, Rollout
+from rlpost.core.api import Policy
+from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.ops.kernels import LogProbReduction, StepKernel, dpm_solver_pp2_step
-from rlpost.sampling import RolloutBuilder, frontier_velocity
+from rlpost.ops.sampling import RolloutBuilder, frontier_velocity
 
 __all__ = [
     "DPM_SOLVER",

@@ -40,7 +40,7 @@ def test_tiny_tree_training_step_on_cuda(tiny_sd3_dir, tmp_path, monkeypatch):
     import json
     from pathlib import Path
 
-    from rlpost import cli
+    from rlpost.apps import cli
 
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)

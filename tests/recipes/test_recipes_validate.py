@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import merge_sources, validate
 from rlpost.models.sd3 import SD3Policy
-from rlpost.plugins import PluginHost
-from rlpost.recipe import merge_sources, validate
 from tests.weights_standins import standin_weights  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from rlpost import cli
-from rlpost.plugins import PluginHost
+from rlpost.apps import cli
+from rlpost.core.plugins import PluginHost
 from tests import toy_components
 from tests.toy_components import toy_recipe
 

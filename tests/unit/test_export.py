@@ -12,10 +12,10 @@ import torch
 import yaml
 from PIL import Image
 
-from rlpost import cli
-from rlpost.plugins import PluginHost
-from rlpost.recipe import validate
-from rlpost.runner import Runner
+from rlpost.apps import cli
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.tolerances import assert_pixels_close
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from rlpost.contract import PromptBatch, Rollout
+from rlpost.core.contract import PromptBatch, Rollout
 from rlpost_treegrpo.advantage import TreeBackupAdvantage
 from rlpost_treegrpo.sampler import WINDOW_START, TreeSampler
 
@@ -129,7 +129,7 @@ def test_rollout_is_reproducible_and_backup_runs(policies: dict[float, Any]) -> 
     a, _ = run(policies[1.0], sampler, seed=7)
     b, _ = run(policies[1.0], sampler, seed=7)
     assert torch.equal(a.states, b.states) and a.stash[WINDOW_START] == b.stash[WINDOW_START]
-    from rlpost.contract import RewardScores
+    from rlpost.core.contract import RewardScores
 
     rewards = a.images.float().mean(dim=(1, 2, 3))
     adv = TreeBackupAdvantage().estimate(a, RewardScores({"r": rewards}, {"r": 1.0}))
