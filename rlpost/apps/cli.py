@@ -228,7 +228,7 @@ def cmd_train(args: Sequence[str]) -> int:
 
 def cmd_sample(argv: Sequence[str]) -> int:
     """Generate PNGs from a run's checkpoint with the deterministic ODE sampler."""
-    from rlpost.apps.export import sample_run
+    from rlpost.apps.sample import sample_run
 
     parser = argparse.ArgumentParser(prog="rlpost sample", description=cmd_sample.__doc__)
     parser.add_argument("--run", required=True, help="the run directory")

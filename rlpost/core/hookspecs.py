@@ -32,9 +32,9 @@ if TYPE_CHECKING:
         RewardSource,
         Sampler,
     )
+    from rlpost.core.context import RunContext
     from rlpost.core.contract import RewardScores, Rollout
     from rlpost.core.registry import Registry
-    from rlpost.engine.runner import RunContext
 
 PROJECT = "rlpost"
 

@@ -1,22 +1,78 @@
-"""Single-process training backend: plain torch autograd, a torch optimizer and an optional LR scheduler.
+"""Training backends as the engine sees them, the single-process one, and device resolution.
 
-The DeepSpeed backend (``rlpost.engine.distributed``) implements the same :class:`~rlpost.core.api.TrainBackend`
-interface, so policy-update rules never know which one runs.
+:class:`EngineBackend` is what the runner needs of a backend beyond the update rule's
+:class:`~rlpost.core.api.TrainBackend` (whole weights for checkpoints, this rank's share of them for the EMA), so the
+runner never branches on which backend runs. :class:`LocalBackend` is plain torch autograd, a torch optimizer and an
+optional LR scheduler; the DeepSpeed backend (``rlpost.engine.distributed``) implements the same interface.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from abc import abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from rlpost.core.api import TrainBackend
+from rlpost.engine.weights import load_trainable, trainable_weights
 
-__all__ = ["LocalBackend"]
+if TYPE_CHECKING:
+    from rlpost.engine.ema import WeightShards
+
+__all__ = ["EngineBackend", "LocalBackend", "resolve_device"]
 
 
-class LocalBackend(TrainBackend):
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+class EngineBackend(TrainBackend):
+    """A :class:`~rlpost.core.api.TrainBackend` the runner can checkpoint: it owns the trainable parameters, the torch
+    optimizer and LR scheduler, and hands out whole weights however it stores them.
+
+    Attributes:
+        parameters: The trainable parameters, in ``Policy.trainable_parameters()`` order.
+        optimizer: The torch optimizer (or a view whose ``state_dict`` is the whole, consolidated state).
+        scheduler: The LR scheduler, or ``None``.
+        num_steps: Optimizer steps taken; ``skipped_steps`` steps skipped for a non-finite gradient.
+    """
+
+    parameters: Sequence[nn.Parameter]
+    optimizer: Any
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    num_steps: int
+    skipped_steps: int
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The trainable weights whole, keyed ``trainable.NNNN`` (a collective call when weights are sharded)."""
+
+    @abstractmethod
+    def load_full_state_dict(self, weights: dict[str, Tensor]) -> None:
+        """Copy what :meth:`full_state_dict` returned into the live weights (and any sharded master copy).
+
+        Raises:
+            CheckpointError: The count or a shape differs from the policy's trainable parameters.
+        """
+
+    def weight_shards(self) -> WeightShards | None:
+        """This rank's share of the trainable weights for the EMA, or ``None`` when every rank holds them whole."""
+        return None
+
+    def gathered(self) -> AbstractContextManager[None]:
+        """The trainable parameters whole in the module while the context is open (a no-op unless partitioned)."""
+        return contextlib.nullcontext()
+
+
+class LocalBackend(EngineBackend):
     """Gradients accumulate across :meth:`backward` calls until :meth:`step`.
 
     Args:
@@ -70,3 +126,11 @@ class LocalBackend(TrainBackend):
         if not grads:
             return 0.0
         return float(torch.stack(grads).norm())
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The trainable parameters keyed by position (detached, not copied)."""
+        return trainable_weights(self.parameters)
+
+    def load_full_state_dict(self, weights: dict[str, Tensor]) -> None:
+        """Copy checkpointed weights into the trainable parameters."""
+        load_trainable(self.parameters, weights)

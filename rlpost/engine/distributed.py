@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from rlpost.core.api import TrainBackend
+from rlpost.engine.backend import EngineBackend
 from rlpost.engine.checkpoint import CheckpointError
 from rlpost.engine.ema import ReplicatedWeights, WeightShards, swapped_in
 
@@ -501,7 +501,7 @@ def _write_zero3_partitions(parameters: Sequence[nn.Parameter], partitions: Sequ
         persistent[0].all_gather(persistent)  # type: ignore[attr-defined]
 
 
-class DeepSpeedBackend(TrainBackend):
+class DeepSpeedBackend(EngineBackend):
     """DeepSpeed ZeRO behind the :class:`~rlpost.core.api.TrainBackend` interface.
 
     Args:
@@ -629,7 +629,7 @@ class DeepSpeedBackend(TrainBackend):
 
     # -------------------------------------------------------------------------------------- checkpoints
 
-    def full_weights(self) -> dict[str, Tensor]:
+    def full_state_dict(self) -> dict[str, Tensor]:
         """fp32 trainable weights keyed ``trainable.NNNN`` (gathered under ZeRO-3); a collective call."""
         from deepspeed.utils import safe_get_full_fp32_param
 
@@ -641,7 +641,7 @@ class DeepSpeedBackend(TrainBackend):
         return out
 
     @torch.no_grad()
-    def load_full_weights(self, weights: dict[str, Tensor]) -> None:
+    def load_full_state_dict(self, weights: dict[str, Tensor]) -> None:
         """Copy consolidated weights into the live parameters and ZeRO's fp32 master partitions; a collective call
         under ZeRO-3."""
         from deepspeed.utils import safe_set_full_fp32_param

@@ -19,7 +19,6 @@ import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,13 @@ import numpy as np
 import torch
 import yaml
 
-from rlpost.apps.export import load_trainable, trainable_weights, write_diffusers_artifacts
 from rlpost.components.prompts import PromptStream
 from rlpost.core.api import Advantages, UpdateContext
-from rlpost.core.contract import RewardScores, Rollout, Stash
+from rlpost.core.context import RunContext
+from rlpost.core.contract import RewardScores, Rollout
 from rlpost.core.plugin_errors import PluginRuntimeError, call_hook, collect_state, component_origin
 from rlpost.core.plugins import PluginHost
-from rlpost.engine.backend import LocalBackend
+from rlpost.engine.backend import EngineBackend, LocalBackend, resolve_device
 from rlpost.engine.checkpoint import (
     CheckpointError,
     CheckpointInfo,
@@ -50,49 +49,14 @@ from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.recipe import Recipe, state_breaking_changes
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.sharding import GroupSharding, LocalSharding
+from rlpost.engine.weights import write_diffusers_artifacts
 from rlpost.ops.images import save_grid
 
-__all__ = ["RunContext", "Runner", "resolve_device"]
+__all__ = ["Runner"]
 
 # Offsets that derive independent RNG streams from the root seed (documented in docs/design.md).
 STREAM_ROLLOUT = 1
 STREAM_MINIBATCH = 2
-
-
-def resolve_device(spec: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; anything else is passed to ``torch.device``."""
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(spec)
-
-
-@dataclass
-class RunContext:
-    """What lifecycle hooks see.
-
-    Attributes:
-        recipe: The validated recipe with its components.
-        output_dir: The run directory.
-        host: The plugin host.
-        step: Number of completed steps.
-        rank: This process's rank; ``world_size`` the number of ranks.
-        stash: Typed plugin-private state for the run.
-        history: Metrics of every completed step (main process).
-    """
-
-    recipe: Recipe
-    output_dir: Path
-    host: PluginHost
-    step: int = 0
-    rank: int = 0
-    world_size: int = 1
-    stash: Stash = field(default_factory=Stash)
-    history: list[dict[str, float]] = field(default_factory=list)
-
-    @property
-    def is_main_process(self) -> bool:
-        """True on rank 0 (the only rank that prints or writes shared files)."""
-        return self.rank == 0
 
 
 class Runner:
@@ -110,12 +74,12 @@ class Runner:
         self.resume = resume
         self.device = resolve_device(recipe.run.device)
         self.rundir = RunDirectory(Path(recipe.run.output_dir))
-        self.ctx = RunContext(recipe=recipe, output_dir=self.rundir.path, host=host)
+        self.ctx = RunContext(recipe=recipe, output_dir=self.rundir.path)
         self.seed = recipe.run.seed
         self.rollout_gen = torch.Generator().manual_seed(self.seed * 1_000_003 + STREAM_ROLLOUT)
         self.minibatch_gen = torch.Generator().manual_seed(self.seed * 1_000_003 + STREAM_MINIBATCH)
         self.stream: PromptStream | None = None
-        self.backend: LocalBackend | DeepSpeedBackend | None = None
+        self.backend: EngineBackend | None = None
         self.world: World | None = None
         self.shard: LocalSharding | GroupSharding = LocalSharding(self.seed, self.rollout_gen, self.minibatch_gen)
         self.guards = Guards(recipe.guards)
@@ -163,8 +127,7 @@ class Runner:
             self.backend = LocalBackend(params, optimizer, scheduler, r.run.max_grad_norm)
         self.stream = PromptStream(r.prompts.load(), seed=self.seed)
         if r.ema is not None:  # under ZeRO the EMA keeps only this rank's share of the weights
-            shards = self.backend.weight_shards() if isinstance(self.backend, DeepSpeedBackend) else None
-            self.ema = EMA(params, r.ema, shards)
+            self.ema = EMA(params, r.ema, self.backend.weight_shards())
         if r.eval is not None:
             self.evaluator = Evaluator(r.eval, r.model, self.rundir.path)
             self.evaluator.setup(self.device, already_set_up=r.rewards)
@@ -444,10 +407,7 @@ class Runner:
         under ZeRO: every rank enters.
         """
         with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
-            if whole and isinstance(self.backend, DeepSpeedBackend):
-                with self.backend.gathered():
-                    yield
-            else:
+            with self.backend.gathered() if whole and self.backend is not None else contextlib.nullcontext():
                 yield
 
     def save_checkpoint(self, reason: str = "periodic") -> Path | None:
@@ -459,11 +419,7 @@ class Runner:
         assert self.backend is not None, "call setup() first"
         r = self.recipe
         # Collective under ZeRO: every rank takes part in gathering weights and optimizer state; rank 0 writes.
-        weights = (
-            self.backend.full_weights()
-            if isinstance(self.backend, DeepSpeedBackend)
-            else trainable_weights(self.backend.parameters)
-        )
+        weights = self.backend.full_state_dict()
         state = self.state()
         ema = self.ema.state_dict() if self.ema is not None else None  # collective under ZeRO, like the weights
         if not self.ctx.is_main_process:
@@ -505,10 +461,7 @@ class Runner:
         """Restore weights, EMA and state from a checkpoint (after :meth:`setup` built everything)."""
         assert self.backend is not None
         weights, state, ema = read_checkpoint(info)
-        if isinstance(self.backend, DeepSpeedBackend):
-            self.backend.load_full_weights(weights)
-        else:
-            load_trainable(self.backend.parameters, weights)
+        self.backend.load_full_state_dict(weights)
         if self.ema is not None:
             if ema is None:
                 raise CheckpointError(f"{info.path}: the recipe enables ema but the checkpoint holds no EMA weights")
