@@ -3,23 +3,36 @@
 A reward that raises or returns the wrong thing, a lifecycle hook that raises, or plugin state that cannot be saved
 without pickle is reported as :class:`PluginRuntimeError` naming the distribution, the plugin, the component or hook,
 and what was wrong, so a user knows which ``pip`` package to blame (the same plugin/distribution names that
-``rlpost plugins list`` shows, taken from :class:`rlpost.core.plugins.PluginHost`).
+``rlpost plugins list`` shows, taken from the plugin host).
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import types
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
-from rlpost.core.registry import ContestedComponentError
-from rlpost.engine.checkpoint import split_tensors
+from rlpost.core.registry import ContestedComponentError, Registry
+from rlpost.core.tensor_tree import split_tensors
 
-if TYPE_CHECKING:
-    from rlpost.core.plugins import PluginHost
+
+class HostView(Protocol):
+    """What these helpers read of the plugin host (:class:`rlpost.core.plugins.PluginHost` provides it)."""
+
+    @property
+    def hook(self) -> Any:
+        """pluggy's hook relay."""
+
+    @property
+    def infos(self) -> Mapping[str, Any]:
+        """Plugin name -> its ``PluginInfo`` (``distribution`` is read)."""
+
+    def registry(self, key: str) -> Registry[Any]:
+        """The component registry of ``key``."""
 
 __all__ = [
+    "HostView",
     "PluginRuntimeError",
     "call_hook",
     "check_saveable",
@@ -49,7 +62,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
 
-def component_origin(host: PluginHost, kind: str, component: object) -> tuple[str, str]:
+def component_origin(host: HostView, kind: str, component: object) -> tuple[str, str]:
     """(distribution, plugin) that registered ``component``'s class under registry ``kind``.
 
     A component built from a bare ``class_path`` (not registered by any plugin) is credited to the distribution
@@ -69,13 +82,13 @@ def component_origin(host: PluginHost, kind: str, component: object) -> tuple[st
     return (dists[0] if dists else "<unknown>"), f"{cls.__module__}.{cls.__qualname__}"
 
 
-def hook_origin(host: PluginHost, plugin_name: str) -> tuple[str, str]:
+def hook_origin(host: HostView, plugin_name: str) -> tuple[str, str]:
     """(distribution, plugin) for a plugin registered on ``host`` under ``plugin_name``."""
     info = host.infos.get(plugin_name)
     return (info.distribution if info is not None else "<runtime>"), plugin_name
 
 
-def _impl_that_raised(host: PluginHost, hook_name: str, exc: BaseException) -> str | None:
+def _impl_that_raised(host: HostView, hook_name: str, exc: BaseException) -> str | None:
     """The plugin whose implementation of ``hook_name`` the exception came out of (from its traceback)."""
     codes: dict[types.CodeType, str] = {}
     for impl in getattr(host.hook, hook_name).get_hookimpls():
@@ -92,7 +105,7 @@ def _impl_that_raised(host: PluginHost, hook_name: str, exc: BaseException) -> s
     return None
 
 
-def call_hook(host: PluginHost, hook_name: str, **kwargs: Any) -> Any:
+def call_hook(host: HostView, hook_name: str, **kwargs: Any) -> Any:
     """Call lifecycle hook ``hook_name`` through pluggy; an implementation that raises becomes a
     :class:`PluginRuntimeError` naming its plugin and distribution.
 
@@ -110,7 +123,7 @@ def call_hook(host: PluginHost, hook_name: str, **kwargs: Any) -> Any:
         raise PluginRuntimeError(distribution, plugin, f"hook {hook_name}", _describe(exc)) from exc
 
 
-def collect_state(host: PluginHost, hook_name: str, run: Any) -> dict[str, Any]:
+def collect_state(host: HostView, hook_name: str, run: Any) -> dict[str, Any]:
     """Call every ``hook_name`` (``rlpost_save_state``) implementation on its own into one mapping, checking that what
     each added can be checkpointed without pickle (JSON scalars and containers, tensors, numpy arrays).
 

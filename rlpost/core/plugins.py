@@ -36,13 +36,19 @@ import sys
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from rlpost.core import hookspecs
 from rlpost.core.api import AdvantageEstimator, Component, Policy, PolicyOptimizer, PromptSource, RewardSource, Sampler
+from rlpost.core.plugin_errors import call_hook, collect_state, component_origin
 from rlpost.core.registry import Registry, canonical_distribution
+
+if TYPE_CHECKING:
+    from rlpost.core.api import Advantages
+    from rlpost.core.context import RunContext
+    from rlpost.core.contract import RewardScores, Rollout
 
 __all__ = ["DEFAULT_PLUGINS", "ENTRY_POINT_GROUP", "PluginHost", "PluginInfo", "get_host", "reset_host"]
 
@@ -318,8 +324,53 @@ class PluginHost:
 
     @property
     def hook(self) -> Any:
-        """pluggy's hook relay (``host.hook.rlpost_after_step(run=..., metrics=...)``)."""
+        """pluggy's hook relay (``host.hook.rlpost_after_step(run=..., metrics=...)``); the engine calls the typed
+        wrappers below instead."""
         return self.pm.hook
+
+    def component_origin(self, kind: str, component: object) -> tuple[str, str]:
+        """(distribution, plugin) that registered ``component``'s class under registry ``kind``."""
+        return component_origin(self, kind, component)
+
+    # -------------------------------------------------------------------------------------- lifecycle hooks
+    # Typed calls of the lifecycle hooks (tox's plugin manager model): an implementation that raises becomes a
+    # PluginRuntimeError naming its plugin and distribution (rlpost.core.plugin_errors).
+
+    def before_run(self, run: RunContext) -> None:
+        """Call ``rlpost_before_run``."""
+        call_hook(self, "rlpost_before_run", run=run)
+
+    def after_rollout(self, run: RunContext, rollout: Rollout) -> None:
+        """Call ``rlpost_after_rollout``."""
+        call_hook(self, "rlpost_after_rollout", run=run, rollout=rollout)
+
+    def after_rewards(self, run: RunContext, rollout: Rollout, scores: RewardScores) -> None:
+        """Call ``rlpost_after_rewards``."""
+        call_hook(self, "rlpost_after_rewards", run=run, rollout=rollout, scores=scores)
+
+    def after_advantages(self, run: RunContext, rollout: Rollout, advantages: Advantages) -> None:
+        """Call ``rlpost_after_advantages``."""
+        call_hook(self, "rlpost_after_advantages", run=run, rollout=rollout, advantages=advantages)
+
+    def after_step(self, run: RunContext, metrics: Mapping[str, float]) -> None:
+        """Call ``rlpost_after_step``."""
+        call_hook(self, "rlpost_after_step", run=run, metrics=metrics)
+
+    def save_state(self, run: RunContext) -> dict[str, Any]:
+        """Collect every ``rlpost_save_state`` implementation's entries, each checked to be checkpointable.
+
+        Raises:
+            PluginRuntimeError: An implementation raised or added a value that cannot be saved without pickle.
+        """
+        return collect_state(self, "rlpost_save_state", run)
+
+    def load_state(self, run: RunContext, state: Mapping[str, Any]) -> None:
+        """Call ``rlpost_load_state`` with what :meth:`save_state` collected."""
+        call_hook(self, "rlpost_load_state", run=run, state=state)
+
+    def after_run(self, run: RunContext, status: str) -> None:
+        """Call ``rlpost_after_run`` (``status``: ``completed``, ``failed`` or ``interrupted``)."""
+        call_hook(self, "rlpost_after_run", run=run, status=status)
 
     def register_plugin(self, plugin: object, name: str) -> None:
         """Register a lifecycle-only plugin object at run time (e.g. a progress bar or a test probe).

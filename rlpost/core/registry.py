@@ -15,11 +15,18 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from rlpost.core.api import Component
 
-__all__ = ["ContestedComponentError", "DuplicateComponentError", "Registry", "RegistryEntry", "suggest"]
+__all__ = [
+    "ContestedComponentError",
+    "DuplicateComponentError",
+    "Registries",
+    "Registry",
+    "RegistryEntry",
+    "suggest",
+]
 
 C = TypeVar("C", bound=Component)
 
@@ -237,3 +244,12 @@ class Registry(Generic[C]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class Registries(Protocol):
+    """One :class:`Registry` per component kind, looked up by key (``sampler``, ``advantage``, ``reward``,
+    ``optimizer``, ``model``, ``prompts``). What recipe validation needs to resolve names; the plugin host is one."""
+
+    def registry(self, key: str) -> Registry[Any]:
+        """The registry of ``key``."""
+        ...

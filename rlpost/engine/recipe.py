@@ -54,8 +54,7 @@ from rlpost.core.api import (
     Sampler,
     StepCounts,
 )
-from rlpost.core.plugins import PluginHost
-from rlpost.core.registry import ContestedComponentError, suggest
+from rlpost.core.registry import ContestedComponentError, Registries, suggest
 from rlpost.core.yaml_limits import MAX_BYTES as MAX_YAML_BYTES
 from rlpost.core.yaml_limits import YamlLimitError, load_yaml, short_repr
 from rlpost.engine.checkpoint import CheckpointConfig
@@ -349,7 +348,7 @@ def merge_sources(recipes: Sequence[str], overrides: Sequence[tuple[str, str]] =
 # ------------------------------------------------------------------------------------------- name resolution
 
 
-def _resolve_component(value: Any, field_name: str, kind: str, host: PluginHost, problems: list[str]) -> Any:
+def _resolve_component(value: Any, field_name: str, kind: str, host: Registries, problems: list[str]) -> Any:
     """Translate a registered short name into a dotted class_path; flatten ``{class_path, k: v}`` shorthand."""
     if isinstance(value, str):
         value = {"class_path": value}
@@ -506,8 +505,12 @@ def _clean(message: str, key: str) -> str:
     return text.replace(f'Parser key "{key}":', "").strip()
 
 
-def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
+def validate(cfg: dict[str, Any], host: Registries) -> Recipe:
     """Validate a merged recipe and instantiate its components (no weights are loaded).
+
+    Args:
+        cfg: The merged recipe as plain data.
+        host: Where component names resolve: the component registries (the plugin host provides them).
 
     Raises:
         RecipeError: Listing every problem found, each naming the offending field.
@@ -624,7 +627,7 @@ def validate(cfg: dict[str, Any], host: PluginHost) -> Recipe:
 
 
 def _validate_eval(
-    value: Any, train_rewards: list[Any], built: dict[str, Any], host: PluginHost, problems: list[str]
+    value: Any, train_rewards: list[Any], built: dict[str, Any], host: Registries, problems: list[str]
 ) -> tuple[EvalSpec | None, Any]:
     """Validate the ``eval`` section: prompt source(s), reward sources (default: the training rewards), second judges
     (never training rewards) and settings."""
@@ -682,7 +685,7 @@ def _validate_eval(
 
 
 def _validate_eval_sets(
-    value: dict[str, Any], host: PluginHost, problems: list[str], resolved: dict[str, Any]
+    value: dict[str, Any], host: Registries, problems: list[str], resolved: dict[str, Any]
 ) -> dict[str, PromptSource] | None:
     """``eval.prompts`` (one source: the unnamed set ``""``) or ``eval.sets`` (named sources), exactly one."""
     if "prompts" in value and "sets" in value:
@@ -728,7 +731,7 @@ def _validate_judges(
     value: dict[str, Any],
     built: dict[str, Any],
     eval_reward_names: list[str],
-    host: PluginHost,
+    host: Registries,
     problems: list[str],
     resolved: dict[str, Any],
 ) -> list[RewardSource]:
@@ -941,6 +944,6 @@ EVAL_SETTING_HELP = {
 }
 
 
-def load_recipe(recipes: Sequence[str], overrides: Sequence[tuple[str, str]], host: PluginHost) -> Recipe:
+def load_recipe(recipes: Sequence[str], overrides: Sequence[tuple[str, str]], host: Registries) -> Recipe:
     """Merge, validate and instantiate a recipe (see :func:`merge_sources` and :func:`validate`)."""
     return validate(merge_sources(recipes, overrides), host)

@@ -22,12 +22,13 @@ import math
 import platform
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rlpost.core.plugins import PluginHost
+from rlpost.core.plugins import PluginInfo
 from rlpost.engine.checkpoint import CHECKPOINT_DIR, CheckpointError, list_checkpoints
 
 __all__ = ["RunDirectory", "json_safe"]
@@ -125,8 +126,9 @@ class RunDirectory:
                 found.append(name + "/")
         return found
 
-    def create(self, config: dict[str, Any], host: PluginHost) -> None:
-        """Create the directory and write the resolved recipe and versions.
+    def create(self, config: dict[str, Any], plugins: Sequence[PluginInfo]) -> None:
+        """Create the directory and write the resolved recipe and versions (``plugins``: every plugin the host knows,
+        built-ins included, as ``PluginHost.plugins(include_builtin=True)`` lists them).
 
         A directory whose recipe was written by a start that failed before training (:meth:`trained` finds nothing)
         is reused: its recipe and versions are replaced, with a warning, so a fixed retry does not need a new
@@ -156,7 +158,7 @@ class RunDirectory:
             "packages": {name: _version(name) for name in _PACKAGES},
             "plugins": [
                 {"name": p.name, "distribution": p.distribution, "version": p.version, "status": p.status}
-                for p in host.plugins(include_builtin=True)
+                for p in plugins
             ],
         }
         (self.path / self.VERSIONS).write_text(json.dumps(versions, indent=2))

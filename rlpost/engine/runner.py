@@ -30,7 +30,7 @@ from rlpost.components.prompts import PromptStream
 from rlpost.core.api import Advantages, UpdateContext
 from rlpost.core.context import RunContext
 from rlpost.core.contract import RewardScores, Rollout
-from rlpost.core.plugin_errors import PluginRuntimeError, call_hook, collect_state, component_origin
+from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.backend import EngineBackend, LocalBackend, resolve_device
 from rlpost.engine.checkpoint import (
@@ -102,7 +102,7 @@ class Runner:
         if r.distributed is not None:
             self._start_world()
         if checkpoint is None and self.ctx.is_main_process:
-            self.rundir.create(r.config, self.host)
+            self.rundir.create(r.config, self.host.plugins(include_builtin=True))
         self.shard.barrier()  # rank 0 created the run directory
         # The global RNGs drive weight initialisation (e.g. LoRA's A matrices) and dropout: seed them so two runs of
         # one recipe start from the same weights (a resume then restores their saved states).
@@ -206,7 +206,7 @@ class Runner:
             if problem is not None:
                 # A failed reward counts like a non-finite one: NaN scores keep the step's bookkeeping shaped, the
                 # guards skip the update (``skip``) or save a checkpoint and stop naming the plugin (``stop``).
-                distribution, plugin = component_origin(self.host, "reward", reward)
+                distribution, plugin = self.host.component_origin("reward", reward)
                 self.guards.plugin_failed(PluginRuntimeError(distribution, plugin, f"reward {reward.name!r}", problem))
                 scores[reward.name] = torch.full((n,), float("nan"))
                 continue
@@ -225,16 +225,16 @@ class Runner:
             rollout = shard.rollout(r.sampler, r.model, batch, self.ctx.step)
         self._guard_log_probs(rollout)
         t["rollout"] = time.perf_counter()
-        call_hook(self.host, "rlpost_after_rollout", run=self.ctx, rollout=rollout)
+        self.host.after_rollout(self.ctx, rollout)
         scores = self.score(rollout)  # each rank scores its own samples
         t["reward"] = time.perf_counter()
-        call_hook(self.host, "rlpost_after_rewards", run=self.ctx, rollout=rollout, scores=scores)
+        self.host.after_rewards(self.ctx, rollout, scores)
         view = shard.gather(rollout, scores, self.guards)  # whole groups of every rank (the rollout itself locally)
         adv_metrics: dict[str, float] = {}
         update: dict[str, float] = {}
         if not self.guards.tripped:  # a non-finite reward poisons its group's advantages: skip the update
             advantages = view.local(self._guard_advantages(r.advantage.estimate(view.rollout, view.scores)))
-            call_hook(self.host, "rlpost_after_advantages", run=self.ctx, rollout=rollout, advantages=advantages)
+            self.host.after_advantages(self.ctx, rollout, advantages)
             t["advantage"], adv_metrics = time.perf_counter(), advantages.metrics
             ctx = UpdateContext(
                 r.model,
@@ -257,7 +257,7 @@ class Runner:
         if self.logger is not None and self.ctx.step % r.run.log_every == 0:
             self.logger.log(self.ctx.step, metrics)
         self._maybe_grid(rollout, scores)
-        call_hook(self.host, "rlpost_after_step", run=self.ctx, metrics=metrics)
+        self.host.after_step(self.ctx, metrics)
         if self.guards.should_stop():
             self._stop_on_guard()
         return metrics
@@ -340,7 +340,7 @@ class Runner:
         r = self.recipe
         # Checked per plugin before anything is written: a value that cannot be saved names its plugin and the
         # last good checkpoint on disk stays as it is.
-        plugins = collect_state(self.host, "rlpost_save_state", self.ctx)
+        plugins = self.host.save_state(self.ctx)
         rng: dict[str, Any] = {
             "rollout": self.rollout_gen.get_state(),
             "minibatch": self.minibatch_gen.get_state(),
@@ -397,7 +397,7 @@ class Runner:
         r.optimizer.load_state_dict(comps["optimizer"])
         for reward in r.rewards:
             reward.load_state_dict(comps["rewards"].get(reward.name, {}))
-        call_hook(self.host, "rlpost_load_state", run=self.ctx, state=state["plugins"])
+        self.host.load_state(self.ctx, state["plugins"])
 
     @contextlib.contextmanager
     def _published_weights(self, whole: bool = False) -> Iterator[None]:
@@ -501,7 +501,7 @@ class Runner:
     def run(self) -> list[dict[str, float]]:
         """Set up, run every step, and call ``rlpost_after_run`` with the final status (also on failure)."""
         self.setup()
-        call_hook(self.host, "rlpost_before_run", run=self.ctx)
+        self.host.before_run(self.ctx)
         status = "failed"
         try:
             if self.ctx.step == 0 and self.evaluator is not None:
@@ -519,7 +519,7 @@ class Runner:
             if self.logger is not None:
                 self.logger.close()
             try:
-                call_hook(self.host, "rlpost_after_run", run=self.ctx, status=status)
+                self.host.after_run(self.ctx, status)
             except PluginRuntimeError as exc:
                 if status == "completed":
                     raise

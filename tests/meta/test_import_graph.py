@@ -134,7 +134,7 @@ def test_every_rlpost_module_has_a_layer_and_imports_exist() -> None:
     graph, problems = _graph()
     unclaimed = sorted(m for m in graph if _layer(m) is None)
     assert not unclaimed, f"modules no layer claims (add them to LAYERS and docs/design.md): {unclaimed}"
-    assert not problems, "\n".join(problems)
+    assert not problems, "\n".join(sorted(set(problems)))
 
 
 def test_no_import_cycle_in_rlpost() -> None:
