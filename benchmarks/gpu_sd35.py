@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -112,18 +111,13 @@ def build_random_sd35(out_dir: Path, num_layers: int | None = None, device: str 
         return out_dir
     diffusers: Any = importlib.import_module("diffusers")
     transformers: Any = importlib.import_module("transformers")
-    from rlpost.models.tiny import _t5_vocab, write_clip_tokenizer_files
+    from rlpost.models.tiny import assemble_sd3_pipeline, sd3_tokenizers
 
     cfg = dict(SD35_MEDIUM_TRANSFORMER)
     if num_layers is not None:
         cfg["num_layers"] = num_layers
         cfg["dual_attention_layers"] = [i for i in cfg["dual_attention_layers"] if i < num_layers]
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab = write_clip_tokenizer_files(Path(tmp), 1000)
-        clip_tok = transformers.CLIPTokenizer(
-            vocab=str(Path(tmp) / "vocab.json"), merges=str(Path(tmp) / "merges.txt"), model_max_length=77
-        )
-    t5_tok = transformers.T5Tokenizer(vocab=_t5_vocab(), extra_ids=0, model_max_length=256)
+    clip_tok, vocab, t5_tok = sd3_tokenizers(clip_merges=1000, clip_max_length=77, t5_max_length=256)
 
     def clip(hidden: int, heads: int) -> Any:
         return transformers.CLIPTextModelWithProjection(
@@ -160,19 +154,7 @@ def build_random_sd35(out_dir: Path, num_layers: int | None = None, device: str 
                 eos_token_id=1,
             )
         )
-    for m in (transformer, vae, te1, te2, te3):
-        m.eval()
-    pipe = diffusers.StableDiffusion3Pipeline(
-        transformer=transformer,
-        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=vae,
-        text_encoder=te1,
-        tokenizer=clip_tok,
-        text_encoder_2=te2,
-        tokenizer_2=clip_tok,
-        text_encoder_3=te3,
-        tokenizer_3=t5_tok,
-    )
+    pipe = assemble_sd3_pipeline(transformer, vae, (te1, te2, te3), clip_tok, t5_tok, shift=3.0)
     out_dir.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out_dir))
     return out_dir

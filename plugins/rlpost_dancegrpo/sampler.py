@@ -28,18 +28,25 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost.components.chain import (
+from rlpost import (
+    TIME_GRIDS,
     ChainPlan,
+    EdgeEval,
+    LogProbReduction,
+    Policy,
+    PromptBatch,
+    Rollout,
+    Sampler,
+    StepCounts,
+    StepKernel,
+    chain_counts,
+    clean_tail_steps,
+    evaluate_edges,
     last_steps_kernels,
+    make_kernel,
     random_step_subset,
-    run_chains,
-    shared_or_independent_noise,
+    rollout_chains,
 )
-from rlpost.core.api import EdgeEval, Policy, Sampler, StepCounts
-from rlpost.core.contract import PromptBatch, Rollout
-from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
-from rlpost.ops.sampling import evaluate_edges
-from rlpost.ops.schedules import TIME_GRIDS, clean_tail_steps
 
 __all__ = ["DanceGRPOSampler"]
 
@@ -164,12 +171,10 @@ class DanceGRPOSampler(Sampler):
     # --------------------------------------------------------------------------------------------- sampling
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
         """SDE-sample ``samples_per_group`` chains per group, all chains batched together."""
-        s = batch.num_groups * batch.samples_per_group
-        noise = shared_or_independent_noise(
-            policy, batch.num_groups, batch.samples_per_group, generator, self.init_same_noise
+        same = self.init_same_noise
+        return rollout_chains(
+            policy, batch, generator, self.num_steps, self.plan, same, self.chunk_size, self.logprob_reduction
         )
-        plan = self.plan(policy.sigmas(self.num_steps), s, generator)
-        return run_chains(policy, batch, generator, plan, noise, self.chunk_size, self.logprob_reduction)
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
         """Recompute the log-probs of ``edges`` with the rollout's own kernel (one forward per parent)."""
@@ -177,6 +182,4 @@ class DanceGRPOSampler(Sampler):
 
     def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
         """``S = G·K`` images, ``S·T`` rollout forwards, ``S·int(eligible·fraction)`` trained edges (= forwards)."""
-        s = num_groups * samples_per_group
-        edges = s * self.train_steps
-        return StepCounts(images=s, trainable_edges=edges, rollout_forwards=s * self.num_steps, train_forwards=edges)
+        return chain_counts(num_groups, samples_per_group, self.num_steps, self.train_steps)

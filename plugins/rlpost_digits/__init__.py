@@ -8,9 +8,8 @@ Registering costs nothing: the hooks import their modules lazily, and weights lo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from rlpost.core.hookspecs import hookimpl
+from rlpost import PromptSource, Registry, RewardSource, hookimpl
 
 __all__ = ["DIGITS_SD3_DIR", "rlpost_register_prompt_sources", "rlpost_register_reward_sources"]
 
@@ -19,7 +18,7 @@ DIGITS_SD3_DIR = Path(__file__).resolve().parents[2] / "assets" / "digits-sd3"
 
 
 @hookimpl
-def rlpost_register_reward_sources(register: Any) -> None:
+def rlpost_register_reward_sources(register: Registry[RewardSource]) -> None:
     """Register ``digit-alignment`` (the training reward) and ``digit-judge`` (the evaluation-only second judge)."""
     from rlpost_digits.reward import DigitAlignmentReward, DigitJudgeReward
 
@@ -28,7 +27,7 @@ def rlpost_register_reward_sources(register: Any) -> None:
 
 
 @hookimpl
-def rlpost_register_prompt_sources(register: Any) -> None:
+def rlpost_register_prompt_sources(register: Registry[PromptSource]) -> None:
     """Register ``digit-prompts``."""
     from rlpost_digits.prompts import DigitsPrompts
 

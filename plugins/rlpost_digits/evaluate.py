@@ -26,7 +26,7 @@ DEFAULT_GUIDANCE = 4.0
 
 
 def _policy(model: str | Path, guidance: float) -> Any:
-    from rlpost.models.sd3 import SD3Policy
+    from rlpost import SD3Policy
     from rlpost_digits.pretrain import MAX_SEQUENCE_LENGTH
 
     policy = SD3Policy(
@@ -42,7 +42,7 @@ def _policy(model: str | Path, guidance: float) -> Any:
 @torch.no_grad()
 def generate(policy: Any, prompts: list[str], nfe: int, seed: int) -> Tensor:
     """``[N, H, W, 3]`` uint8 images for ``prompts`` by Euler ODE sampling through the policy's schedule."""
-    from rlpost.ops.kernels import EulerODE
+    from rlpost import EulerODE
 
     kernel = EulerODE()
     x = policy.initial_noise(len(prompts), torch.Generator().manual_seed(seed))

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlpost.models.tiny import _t5_vocab, build_clip_tokenizer, build_text_encoders
+from rlpost import assemble_sd3_pipeline, build_text_encoders, sd3_tokenizers, t5_vocab
 from rlpost_digits.data import RESOLUTION, TRAIN_TEMPLATES, load_split, prompts_for, upsample_digits
 
 __all__ = ["MAX_SEQUENCE_LENGTH", "build_digits_pipeline", "identity_vae", "main", "pretrain"]
@@ -62,13 +62,6 @@ META_FILE = "rlpost_digits.json"
 
 # Words of the prompt templates, added to the tiny T5 vocabulary so prompts stay short (no character fallback).
 _EXTRA_T5_WORDS = ("handwritten", "written", "hand", "drawn", "by", "figure", "numeral", "write")
-
-
-def _t5_digits_vocab() -> list[tuple[str, float]]:
-    base = _t5_vocab()
-    have = {p for p, _ in base}
-    extra = [("▁" + w, -6.0 - 0.01 * i) for i, w in enumerate(_EXTRA_T5_WORDS) if "▁" + w not in have]
-    return base + extra
 
 
 def identity_vae(bias: float = 32.0) -> nn.Module:
@@ -138,9 +131,9 @@ def build_digits_pipeline(seed: int = 0) -> Any:
         seed: Seeds every random weight (transformer and the frozen text encoders).
     """
     diffusers: Any = importlib.import_module("diffusers")
-    transformers: Any = importlib.import_module("transformers")
-    clip_tok, vocab_size = build_clip_tokenizer(1000, max_length=CLIP_MAX_LENGTH)
-    t5_tok = transformers.T5Tokenizer(vocab=_t5_digits_vocab(), extra_ids=0, model_max_length=MAX_SEQUENCE_LENGTH)
+    clip_tok, vocab_size, t5_tok = sd3_tokenizers(
+        t5_vocab(_EXTRA_T5_WORDS), clip_merges=1000, clip_max_length=CLIP_MAX_LENGTH, t5_max_length=MAX_SEQUENCE_LENGTH
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         transformer = diffusers.SD3Transformer2DModel(
@@ -167,20 +160,9 @@ def build_digits_pipeline(seed: int = 0) -> Any:
         )
     vae = identity_vae()
     for module in (transformer, te1, te2, te3, vae):
-        # Built in code = train mode; CLIP/T5 dropout would make embeddings differ from the reloaded pipeline.
-        module.eval()
         module.requires_grad_(False)
-    return diffusers.StableDiffusion3Pipeline(
-        transformer=transformer,
-        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=SCHEDULER_SHIFT),
-        vae=vae,
-        text_encoder=te1,
-        tokenizer=clip_tok,
-        text_encoder_2=te2,
-        tokenizer_2=clip_tok,
-        text_encoder_3=te3,
-        tokenizer_3=t5_tok,
-    )
+    # eval() as well: CLIP/T5 dropout would make embeddings differ from the reloaded pipeline.
+    return assemble_sd3_pipeline(transformer, vae, (te1, te2, te3), clip_tok, t5_tok, SCHEDULER_SHIFT)
 
 
 @torch.no_grad()

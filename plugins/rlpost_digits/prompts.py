@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from rlpost.core.api import PromptSource
+from rlpost import PromptSource
 from rlpost_digits.data import PROMPT_SPLITS, PromptSplit, format_prompt
 
 __all__ = ["DigitsPrompts"]

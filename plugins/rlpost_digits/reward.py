@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlpost.core.api import RewardSource
+from rlpost import RewardSource
 from rlpost_digits.data import digit_from_prompt
 
 __all__ = ["DigitAlignmentReward", "DigitJudgeReward", "requested_digit"]

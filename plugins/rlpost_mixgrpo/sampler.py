@@ -21,17 +21,23 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlpost.components.chain import (
+from rlpost import (
     DPM_SOLVER,
     ChainPlan,
+    EdgeEval,
+    LogProbReduction,
+    Policy,
+    PromptBatch,
+    Rollout,
+    Sampler,
+    StepCounts,
+    StepKernel,
+    evaluate_edges,
+    make_kernel,
     run_chains,
     shared_or_independent_noise,
+    time_shift,
 )
-from rlpost.core.api import EdgeEval, Policy, Sampler, StepCounts
-from rlpost.core.contract import PromptBatch, Rollout
-from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
-from rlpost.ops.sampling import evaluate_edges
-from rlpost.ops.schedules import time_shift
 
 from .window import WindowScheduler, WindowStrategy
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
-from rlpost.core.api import RewardSource
+from rlpost import RewardSource
 
 __all__ = ["ThreadedScorer"]
 

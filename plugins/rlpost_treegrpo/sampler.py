@@ -30,10 +30,21 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost.core.api import EdgeEval, Policy, Sampler, StepCounts
-from rlpost.core.contract import PromptBatch, Rollout, StashKey
-from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
-from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
+from rlpost import (
+    EdgeEval,
+    LogProbReduction,
+    Policy,
+    PromptBatch,
+    Rollout,
+    RolloutBuilder,
+    Sampler,
+    StashKey,
+    StepCounts,
+    StepKernel,
+    evaluate_edges,
+    frontier_velocity,
+    make_kernel,
+)
 from rlpost_treegrpo.window import (
     WindowLaw,
     draw_window_start,

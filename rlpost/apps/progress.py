@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from rlpost.core.context import RunContext
 from rlpost.core.hookspecs import hookimpl
 
 __all__ = ["RichProgress"]
@@ -33,7 +34,7 @@ class RichProgress:
         self.task: Any = None
 
     @hookimpl
-    def rlpost_before_run(self, run: Any) -> None:
+    def rlpost_before_run(self, run: RunContext) -> None:
         """Start the bar."""
         self.progress = Progress(
             TextColumn("[bold]train"),
@@ -49,14 +50,14 @@ class RichProgress:
         self.task = self.progress.add_task("train", total=run.recipe.run.max_steps, info="")
 
     @hookimpl
-    def rlpost_after_step(self, run: Any, metrics: Mapping[str, float]) -> None:
+    def rlpost_after_step(self, run: RunContext, metrics: Mapping[str, float]) -> None:
         """Advance the bar and show the headline metrics."""
         if self.progress is not None:
             info = "  ".join(f"{k.split('/')[-1]}={metrics[k]:.4g}" for k in SHOWN if k in metrics)
             self.progress.update(self.task, completed=run.step, info=info)
 
     @hookimpl
-    def rlpost_after_run(self, run: Any, status: str) -> None:
+    def rlpost_after_run(self, run: RunContext, status: str) -> None:
         """Stop the bar and print the summary table."""
         if self.progress is not None:
             self.progress.stop()

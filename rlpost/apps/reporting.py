@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from rlpost.core.context import RunContext
 from rlpost.core.hookspecs import hookimpl
 from rlpost.engine.evaluation import JUDGE, eval_columns, eval_sets, image_dir, metric_key
 from rlpost.ops.images import _MIN_CELL, save_grid
@@ -319,7 +320,7 @@ def write_report(run_dir: Path) -> dict[str, Any]:
 
 
 @hookimpl
-def rlpost_after_run(run: Any, status: str) -> None:
+def rlpost_after_run(run: RunContext, status: str) -> None:
     """Write the report on the main process; never raises (a report must not mask the run's own outcome)."""
     if not run.is_main_process:
         return

@@ -17,6 +17,7 @@ import torch
 from rlpost.core.api import PromptSource
 from rlpost.core.contract import PromptBatch
 from rlpost.core.hookspecs import hookimpl
+from rlpost.core.registry import Registry
 
 __all__ = ["HFDatasetPrompts", "PromptFile", "PromptList", "PromptStream"]
 
@@ -330,7 +331,7 @@ class PromptStream:
 
 
 @hookimpl
-def rlpost_register_prompt_sources(register: Any) -> None:
+def rlpost_register_prompt_sources(register: Registry[PromptSource]) -> None:
     """Register the built-in prompt sources."""
     register(PromptList)
     register(PromptFile)

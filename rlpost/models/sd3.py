@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from rlpost.core.api import Conditioning, Policy
 from rlpost.core.hookspecs import hookimpl
+from rlpost.core.registry import Registry
 from rlpost.models._common import (
     DTypeName,
     LoraSpec,
@@ -431,6 +432,6 @@ def _quiet_hf_progress_bars() -> None:
 
 
 @hookimpl
-def rlpost_register_models(register: Any) -> None:
+def rlpost_register_models(register: Registry[Policy]) -> None:
     """Register :class:`SD3Policy` (short name ``sd3``)."""
     register(SD3Policy)
