@@ -60,7 +60,6 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "rlpost.components.builtin",
     "rlpost.components.prompts",
     "rlpost.models.sd3",
-    "rlpost_digits",
     "rlpost.apps.reporting",
 )
 

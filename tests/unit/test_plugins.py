@@ -17,7 +17,7 @@ from rlpost.core.plugins import PluginHost
 from rlpost.core.registry import ContestedComponentError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "plugins"
-FIRST_PARTY = {"rewards", "treegrpo", "dancegrpo", "mixgrpo", "ddpo"}
+FIRST_PARTY = {"rewards", "treegrpo", "dancegrpo", "mixgrpo", "ddpo", "digits"}
 HOSTILE_MODULES = (
     "rlpost_plugin_ok",
     "rlpost_plugin_broken",
@@ -353,3 +353,20 @@ def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_p
     cfg["rewards"] = ["brightness"]
     history = Runner(validate(cfg, host), host).run()
     assert 0.0 <= history[0]["reward/brightness"] <= 1.0
+
+
+def test_digits_world_is_a_blockable_first_party_plugin(monkeypatch):
+    # The digits world is an entry point of distribution rlpost, not a core module: blocking it removes its
+    # components like any other plugin's (needs the `digits` entry point installed: `pip install -e .` again).
+    from rlpost.core.plugins import DEFAULT_PLUGINS
+
+    assert not any("digits" in name for name in DEFAULT_PLUGINS)
+    loaded = PluginHost()
+    assert _by_name(loaded)["digits"].status == "ok"
+    assert {"digit-alignment", "digit-judge"} <= set(loaded.registry("reward").names())
+    assert "digit-prompts" in loaded.registry("prompts").names()
+    monkeypatch.setenv("RLPOST_BLOCK_PLUGINS", "digits")
+    blocked = PluginHost()
+    assert _by_name(blocked)["digits"].status == "blocked"
+    assert not {"digit-alignment", "digit-judge"} & set(blocked.registry("reward").names())
+    assert "digit-prompts" not in blocked.registry("prompts").names()
