@@ -48,15 +48,11 @@ from rlpost.engine.guards import Guards
 from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.recipe import Recipe, state_breaking_changes
 from rlpost.engine.rundir import RunDirectory
-from rlpost.engine.sharding import GroupSharding, LocalSharding
+from rlpost.engine.sharding import STREAM_MINIBATCH, STREAM_ROLLOUT, GroupSharding, LocalSharding, stream_generator
 from rlpost.engine.weights import write_diffusers_artifacts
 from rlpost.ops.images import save_grid
 
 __all__ = ["Runner"]
-
-# Offsets that derive independent RNG streams from the root seed (documented in docs/design.md).
-STREAM_ROLLOUT = 1
-STREAM_MINIBATCH = 2
 
 
 class Runner:
@@ -76,8 +72,8 @@ class Runner:
         self.rundir = RunDirectory(Path(recipe.run.output_dir))
         self.ctx = RunContext(recipe=recipe, output_dir=self.rundir.path)
         self.seed = recipe.run.seed
-        self.rollout_gen = torch.Generator().manual_seed(self.seed * 1_000_003 + STREAM_ROLLOUT)
-        self.minibatch_gen = torch.Generator().manual_seed(self.seed * 1_000_003 + STREAM_MINIBATCH)
+        self.rollout_gen = stream_generator(self.seed, STREAM_ROLLOUT)
+        self.minibatch_gen = stream_generator(self.seed, STREAM_MINIBATCH)
         self.stream: PromptStream | None = None
         self.backend: EngineBackend | None = None
         self.world: World | None = None

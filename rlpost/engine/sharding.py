@@ -39,6 +39,9 @@ from rlpost.core.contract import PromptBatch, RewardScores, Rollout
 from rlpost.engine.guards import Guards
 
 __all__ = [
+    "STREAM_MINIBATCH",
+    "STREAM_ROLLOUT",
+    "STREAM_STEP",
     "GroupSharding",
     "GroupView",
     "LocalSharding",
@@ -48,9 +51,11 @@ __all__ = [
     "merge_rollouts",
     "reduce_metrics",
     "skeleton",
+    "stream_generator",
 ]
 
-# Stream offsets (shared with rlpost.engine.runner's single-process streams).
+# Offsets that derive independent RNG streams from the root seed (documented in docs/design.md); the one place they
+# are defined: the runner's single-process streams and the per-group streams below both use them.
 STREAM_ROLLOUT = 1
 STREAM_MINIBATCH = 2
 STREAM_STEP = 3  # per-step sampler state (Sampler.begin_step), on every path
@@ -63,6 +68,11 @@ def derived_generator(seed: int, stream: int, step: int, index: int) -> torch.Ge
     neighbouring steps or groups get unrelated streams)."""
     entropy = np.random.SeedSequence([seed % 2**63, stream, step, index]).generate_state(2, dtype=np.uint32)
     return torch.Generator().manual_seed(int(entropy[0]) << 32 | int(entropy[1]))
+
+
+def stream_generator(seed: int, stream: int) -> torch.Generator:
+    """The run's stateful single-process generator of ``stream`` (seeded ``seed * 1_000_003 + stream``)."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + stream)
 
 
 def begin_step(sampler: Sampler, seed: int, step: int) -> None:
