@@ -27,7 +27,7 @@ import json
 import os
 import string
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,8 @@ def build_text_encoders(
     t5_d_model: int = 32,
     t5_d_kv: int = 8,
     t5_d_ff: int = 37,
+    clip_overrides: Sequence[Mapping[str, Any]] | None = None,
+    t5_overrides: Mapping[str, Any] | None = None,
 ) -> tuple[Any, Any, Any]:
     """The SD3 text-encoder stack at tiny size: two ``CLIPTextModelWithProjection`` (2 layers, projection 32) and a
     one-layer ``T5EncoderModel``, drawn from the global torch RNG in that order (callers seed it).
@@ -191,9 +193,11 @@ def build_text_encoders(
         t5_d_model: T5 model width.
         t5_d_kv: T5 per-head width.
         t5_d_ff: T5 MLP size.
+        clip_overrides: Per CLIP encoder, ``CLIPTextConfig`` fields replacing the tiny ones (e.g. SD3.5's widths).
+        t5_overrides: ``T5Config`` fields replacing the tiny ones.
     """
     transformers: Any = importlib.import_module("transformers")
-    clip_cfg = transformers.CLIPTextConfig(
+    clip_base: dict[str, Any] = dict(
         bos_token_id=clip_vocab - 2,
         eos_token_id=clip_vocab - 1,
         pad_token_id=clip_vocab - 1,
@@ -206,9 +210,12 @@ def build_text_encoders(
         projection_dim=32,
         max_position_embeddings=clip_max_positions,
     )
-    te1 = transformers.CLIPTextModelWithProjection(clip_cfg)
-    te2 = transformers.CLIPTextModelWithProjection(clip_cfg)
-    t5_cfg = transformers.T5Config(
+    clip_extra = clip_overrides if clip_overrides is not None else ({}, {})
+    te1, te2 = [
+        transformers.CLIPTextModelWithProjection(transformers.CLIPTextConfig(**{**clip_base, **extra}))
+        for extra in clip_extra
+    ]
+    t5_base: dict[str, Any] = dict(
         vocab_size=t5_vocab,
         d_model=t5_d_model,
         d_kv=t5_d_kv,
@@ -220,6 +227,7 @@ def build_text_encoders(
         pad_token_id=0,
         eos_token_id=1,
     )
+    t5_cfg = transformers.T5Config(**{**t5_base, **(t5_overrides or {})})
     return te1, te2, transformers.T5EncoderModel(t5_cfg)
 
 
