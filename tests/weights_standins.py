@@ -67,6 +67,22 @@ def hub_cache_standin(cache: Path, repo_id: str) -> Path:
     return write_sd3_standin(repo / "snapshots" / commit)
 
 
+def hub_dataset_standin(cache: Path, repo_id: str, files: dict[str, str]) -> Path:
+    """Place data files of hub dataset ``repo_id`` in the Hugging Face cache layout under ``cache`` (as
+    ``hf_hub_download`` leaves them) and return the snapshot directory; ``files`` maps repository paths to text."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo = cache / repo_folder_name(repo_id=repo_id, repo_type="dataset")
+    commit = "1" * 40
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    for name, text in files.items():
+        path = repo / "snapshots" / commit / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return repo / "snapshots" / commit
+
+
 @pytest.fixture
 def standin_weights(tmp_path_factory, monkeypatch) -> Path:
     """A scratch HF cache holding SD3.5 Medium and a scratch ``$RLPOST_MODELS`` holding the reward checkpoints."""

@@ -11,9 +11,10 @@
     rlpost --version
     rlpost bench    --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]   (rlpost.bench)
 
-Recipes are merged in order (later files overlay earlier ones), then ``--a.b value`` overrides apply (values are
-parsed as YAML; ``--sampler.k 4`` means ``sampler.init_args.k``). ``rlpost train --help`` lists every option with
-the help text taken from the components' docstrings; ``--sampler.help tree`` lists one component's options.
+Recipe files and ``--a.b value`` options are merged by jsonargparse in command-line order: a later file or option
+overlays earlier ones (values are parsed as YAML; ``--sampler.k 4`` means ``sampler.init_args.k``).
+``rlpost train --help`` lists every option with the help text taken from the components' docstrings;
+``--sampler.help tree`` lists one component's options.
 Third-party progress bars and notices are silenced; ``RLPOST_VERBOSE=1`` keeps them.
 """
 
@@ -30,16 +31,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
 from rich.console import Console
 from rich.table import Table
 
 from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost, get_host
-from rlpost.core.registry import suggest
 from rlpost.engine.checkpoint import CheckpointError
 from rlpost.engine.guards import NonFiniteError
-from rlpost.engine.recipe import COMPONENT_KEYS, LIST_KEYS, Recipe, RecipeError, build_parser, merge_sources, validate
+from rlpost.engine.recipe import Recipe, RecipeError, build_parser, parse_recipe_args, validate
 
 __all__ = ["main"]
 
@@ -48,105 +48,32 @@ class UsageError(Exception):
     """Bad command-line usage."""
 
 
-def _split_args(args: Sequence[str]) -> tuple[list[str], list[tuple[str, str]], set[str]]:
-    """Split ``--recipe`` files, ``--key value`` overrides and flags (``--print_config``, ``--help``)."""
-    recipes: list[str] = []
-    overrides: list[tuple[str, str]] = []
-    flags: set[str] = set()
-    items = list(args)
-    i = 0
-    while i < len(items):
-        token = items[i]
-        if token in ("-h", "--help", "--print_config"):
-            flags.add(token.lstrip("-").replace("h", "help") if token == "-h" else token.lstrip("-"))
-            i += 1
-            continue
-        if not token.startswith("--"):
-            raise UsageError(f"unexpected argument {token!r} (options look like --recipe FILE or --a.b VALUE)")
-        key, eq, value = token[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(items):
-                raise UsageError(f"option --{key} needs a value")
-            value = items[i + 1]
-            i += 1
-        i += 1
-        if key in ("recipe", "config"):
-            recipes.append(value)
-        elif key == "resume":
-            flags.add(f"resume={value}")
-        else:
-            overrides.append((key, value))
-    return recipes, overrides, flags
-
-
 def _add_cli_options(parser: ArgumentParser) -> None:
-    """The options of ``train``/``validate`` that are not recipe fields, so ``--help`` lists them too."""
-    group = parser.add_argument_group("command line", "how the recipe is assembled and what is done with it")
+    """The options of ``train``/``validate`` that are neither recipe fields nor ``--recipe`` (which is the recipe
+    parser's own ``ActionConfigFile``, :func:`rlpost.engine.recipe.build_parser`)."""
+    group = parser.add_argument_group("command line", "what is done with the recipe")
     group.add_argument(
-        "--recipe", action="append", help="recipe YAML file; repeat to overlay later files on earlier ones"
+        "--resume", type=str | None, default=None, help="train only: latest, a run directory or a checkpoint directory"
     )
-    group.add_argument("--resume", help="train only: latest, a run directory or a checkpoint directory")
     group.add_argument("--print_config", action="store_true", help="train only: print the resolved recipe and exit")
-    group.add_argument(
-        "--KEY.help", dest="component_help", metavar="NAME", help="options of one component, e.g. --sampler.help tree"
-    )
 
 
-def _print_help(parser: ArgumentParser, args: Sequence[str]) -> None:
-    """Run jsonargparse's help action for ``args`` and write its text to stdout without reST double backticks."""
+def _load(args: Sequence[str], host: PluginHost) -> tuple[Recipe | None, Namespace | None]:
+    """Parse and validate a ``train``/``validate`` command line with jsonargparse (:func:`parse_recipe_args`).
+    Returns ``(None, None)`` after a help text was printed (``--help``, ``--KEY.help NAME``); jsonargparse prints it
+    and exits, and it goes to stdout here without reST double backticks."""
+    parser = build_parser()
+    _add_cli_options(parser)
     buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        try:
-            if args:
-                parser.parse_args(list(args))
-            else:
-                parser.print_help()
-        except SystemExit:  # jsonargparse's help actions exit after printing
-            pass
-    sys.stdout.write(buffer.getvalue().replace("``", ""))
-
-
-def _component_help(key: str, name: str, host: PluginHost) -> None:
-    """``--KEY.help NAME``: jsonargparse's class help for the component NAME (a registered short name, class name or
-    dotted class_path) of the recipe key KEY."""
-    kinds = {k: kind for k, (_, kind) in {**COMPONENT_KEYS, **LIST_KEYS}.items()}
-    kinds.update({"eval.prompts": "prompts", "eval.sets": "prompts", "eval.rewards": "reward", "eval.judges": "reward"})
-    if key not in kinds:
-        raise UsageError(f"--{key}.help: {key!r} is not a component key; use one of {', '.join(kinds)}")
-    registry = host.registry(kinds[key])
     try:
-        class_path = registry.get(name).class_path
-    except KeyError:
-        by_class = [e.class_path for e in registry.entries() if e.cls.__name__ == name]
-        class_path = by_class[0] if by_class else name
-    if "." not in class_path:
-        raise UsageError(
-            f"--{key}.help: unknown {kinds[key]} {name!r}{suggest(name, registry.names())} "
-            f"(available: {', '.join(registry.names()) or 'none'})"
-        )
-    _print_help(build_parser(), [f"--{key}.help", class_path])
-
-
-def _load(args: Sequence[str], host: PluginHost) -> tuple[Recipe | None, set[str]]:
-    recipes, overrides, flags = _split_args(args)
-    for key, value in overrides:
-        if key.endswith(".help"):
-            _component_help(key[: -len(".help")], value, host)
-            return None, flags
-    if "help" in flags:
-        parser = build_parser()
-        _add_cli_options(parser)
-        _print_help(parser, [])
-        return None, flags
-    if not recipes:
-        raise UsageError("give at least one --recipe FILE")
-    cfg = merge_sources(recipes, overrides)
-    if "bench" in cfg:  # a bench recipe describes several training recipes, not one
-        raise UsageError(
-            f"{' + '.join(recipes)} is a bench recipe (top-level 'bench:' key); run it with "
-            f"rlpost bench --recipe {recipes[-1]}, or validate/train one of the recipes it benchmarks"
-        )
-    return validate(cfg, host), flags
+        with contextlib.redirect_stdout(buffer):
+            cfg, namespace = parse_recipe_args(parser, args, host)
+    except SystemExit as exc:  # jsonargparse's help actions exit after printing
+        sys.stdout.write(buffer.getvalue().replace("``", ""))
+        if exc.code not in (None, 0):
+            raise UsageError(f"bad command line (exit status {exc.code})") from None
+        return None, None
+    return validate(cfg, host), namespace
 
 
 class _BelowError(logging.Filter):
@@ -204,17 +131,16 @@ def cmd_train(args: Sequence[str]) -> int:
     from rlpost.engine.runner import Runner
 
     host = get_host()
-    recipe, flags = _load(args, host)
-    if recipe is None:
+    recipe, namespace = _load(args, host)
+    if recipe is None or namespace is None:
         return 0
-    if "print_config" in flags:
+    if namespace.print_config:
         sys.stdout.write(yaml.safe_dump(recipe.config, sort_keys=False))
         return 0
     console = Console(stderr=True)
     if os.environ.get("RANK", "0") == "0":  # only the main process prints under torchrun / deepspeed
         _print_derived(recipe, console)
-    resume = next((f.split("=", 1)[1] for f in flags if f.startswith("resume=")), None)
-    runner = Runner(recipe, host, resume=resume)
+    runner = Runner(recipe, host, resume=namespace.resume)
     if recipe.run.progress and runner.ctx.is_main_process:
         host.register_plugin(RichProgress(console), name="rlpost.apps.progress")
     try:

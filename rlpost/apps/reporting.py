@@ -32,7 +32,7 @@ from PIL import Image
 from rlpost.core.context import RunContext
 from rlpost.core.hookspecs import hookimpl
 from rlpost.engine.evaluation import JUDGE, eval_columns, eval_sets, image_dir, metric_key
-from rlpost.ops.images import _MIN_CELL, save_grid
+from rlpost.ops.images import save_grid
 
 __all__ = [
     "REPORT_DIR",
@@ -140,6 +140,7 @@ def plot_rewards(run_dir: Path, out: Path, title: str | None = None) -> Path | N
 
         matplotlib.use("Agg")  # files only: never needs a display, safe in worker processes and CI
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         warnings.warn("rlpost report: matplotlib is not installed; skipping the reward plot", UserWarning, stacklevel=2)
         return None
@@ -177,6 +178,8 @@ def plot_rewards(run_dir: Path, out: Path, title: str | None = None) -> Path | N
                     linewidth=1.5 if is_judge else 2.0,
                     label=_label(key),
                 )
+        # Steps are whole numbers: without this a short run (3 steps) gets ticks at 1.25, 1.5, ...
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("training step")
         ax.set_ylabel("reward")
         ax.set_title(title or run_dir.name)
@@ -196,11 +199,6 @@ def _load_images(directory: Path, count: int) -> torch.Tensor | None:
         return None
     arrays = [torch.from_numpy(np.asarray(Image.open(p).convert("RGB")).copy()) for p in paths]
     return torch.stack(arrays)
-
-
-def _scale(images: torch.Tensor) -> int:
-    """The upscaling factor :func:`rlpost.ops.images.save_grid` applies to tiles of this size."""
-    return max(1, math.ceil(_MIN_CELL / max(int(images.shape[1]), int(images.shape[2]))))
 
 
 def _fmt(value: Any) -> str:
@@ -291,9 +289,7 @@ def _pairs(
             else:
                 step = first["step"] if label == "before" else last["step"]
                 head = f"{label} step {int(step)}" + (f" r={float(r):.2f}" if r is not None and _finite(r) else "")
-            # The label fills exactly one caption line of save_grid (width // 6 characters) so the prompt starts
-            # on the next line instead of being cut mid-word.
-            out.append((imgs[i], head.ljust(max(8, int(imgs.shape[2]) * _scale(imgs) // 6)) + prompt))
+            out.append((imgs[i], f"{head}\n{prompt}"))  # save_grid starts the prompt on its own caption line
     return out
 
 

@@ -27,22 +27,26 @@ model is loaded: jsonargparse checks types and argument names per component, the
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import difflib
 import importlib
 import inspect
+import json
 import math
 import re
 import typing
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace, set_loader
+from jsonargparse._actions import ActionConfigFile  # documented as jsonargparse.ActionConfigFile, not re-exported
 
 from rlpost.core.api import (
     AdvantageEstimator,
@@ -72,6 +76,7 @@ __all__ = [
     "build_parser",
     "load_recipe",
     "merge_sources",
+    "parse_recipe_args",
     "state_breaking_changes",
     "validate",
     "with_defaults",
@@ -296,11 +301,39 @@ def _read_yaml(path: str) -> dict[str, Any]:
         data = load_yaml(text, path)
     except yaml.YAMLError as exc:
         raise RecipeError([f"{path}: not valid YAML: {_clip(str(exc), MAX_PROBLEM_CHARS)}"]) from None
+    problem = _string_beyond_limits(data)
+    if problem is not None:
+        raise RecipeError([f"{path}: {problem}"])
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise RecipeError([f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}"])
     return data
+
+
+def _string_beyond_limits(data: Any, where: str = "") -> str | None:
+    """The first string in ``data`` that is YAML beyond the limits of :mod:`rlpost.core.yaml_limits`, as a problem
+    naming its field, or ``None``. jsonargparse parses a string given for a number, list or mapping field as YAML again,
+    with its own loader (``jsonargparse._typehints.adapt_typehints``), so a quoted alias bomb would expand there."""
+    if isinstance(data, dict):
+        items: Iterable[tuple[str, Any]] = ((f"{where}.{k}" if where else str(k), v) for k, v in data.items())
+    elif isinstance(data, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(data))
+    elif isinstance(data, str) and any(c in data for c in "*[{"):  # aliases and nesting need one of these
+        try:
+            load_yaml(data, where)
+        except YamlLimitError as exc:
+            return f"{where or 'value'}: not valid YAML inside a string: {exc}"
+        except yaml.YAMLError:
+            pass  # not YAML: an ordinary string
+        return None
+    else:
+        return None
+    for key, value in items:
+        problem = _string_beyond_limits(value, key)
+        if problem is not None:
+            return problem
+    return None
 
 
 def _set_path(cfg: dict[str, Any], dotted: str, value: Any) -> None:
@@ -816,7 +849,9 @@ def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
 
 
 def _refield(problem: str, field_name: str, where: str) -> str:
-    """Re-home a component's problem from the training field it assumes (``prompts...``) to ``where``."""
+    """Re-home a component's problem from the training field it assumes (``prompts...``) to ``where``, including
+    the command-line flags it suggests (``--prompts.path`` becomes ``--eval.sets.NAME.path``)."""
+    problem = problem.replace(f"--{field_name}.", f"--{where}.")
     for sep in (".", ":", "["):
         if problem.startswith(field_name + sep):
             return where + problem[len(field_name) :]
@@ -878,12 +913,26 @@ def _settings_checks(built: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _with_all_defaults(key: str, value: Any) -> Any:
+    """The component ``value`` of the recipe field ``key`` with every default filled in, nested dataclass arguments
+    (``model.init_args.lora``) included, as jsonargparse's parser fills them (:func:`with_defaults` where jsonargparse
+    rejects the value)."""
+    if key not in COMPONENT_KEYS or not (isinstance(value, dict) and isinstance(value.get("class_path"), str)):
+        return with_defaults(value)
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument(f"--{key}", type=COMPONENT_KEYS[key][0])
+    try:
+        return yaml.safe_load(parser.dump(parser.parse_object({key: value}), skip_validation=True))[key]
+    except Exception:  # noqa: BLE001 - jsonargparse raises several types; the plain comparison then applies
+        return with_defaults(value)
+
+
 def state_breaking_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Differences between two resolved recipes that make a checkpoint of ``old`` unusable under ``new``."""
     problems = []
     for key in STATE_BREAKING_KEYS:
         # Runs saved before recipe.yaml listed constructor defaults compare equal when only the defaults differ.
-        if with_defaults(old.get(key)) != with_defaults(new.get(key)):
+        if _with_all_defaults(key, old.get(key)) != _with_all_defaults(key, new.get(key)):
             problems.append(f"{key}: changed from {old.get(key)!r} to {new.get(key)!r}")
     for key in STATE_BREAKING_CLASSES:
         a, b = old.get(key) or {}, new.get(key) or {}
@@ -895,12 +944,309 @@ def state_breaking_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str
 # ------------------------------------------------------------------------------------------------ parser
 
 
+RECIPE_PARSER_MODE = "rlpost-recipe"
+"""jsonargparse parser mode whose loader is :func:`_recipe_loader` (limited YAML, registered component names)."""
+
+_PARSE_HOST: ContextVar[Registries | None] = ContextVar("rlpost_recipe_parse_host", default=None)
+
+
+def _recipe_loader(text: str) -> Any:
+    """The YAML loader jsonargparse uses for ``--recipe`` files and command-line values (registered below with
+    ``jsonargparse.set_loader``; https://jsonargparse.readthedocs.io/en/stable/#custom-loaders): the limits of
+    :mod:`rlpost.core.yaml_limits` (size, nesting, alias expansion) apply to everything jsonargparse loads. In a recipe
+    document, registered short component names (``sampler: tree``) become dotted class paths, because jsonargparse
+    resolves a ``class_path`` only from an import path or a subclass's class name
+    (https://jsonargparse.readthedocs.io/en/stable/#class-type-and-subclasses), not from a plugin registry."""
+    data = load_yaml(text, "recipe")
+    host = _PARSE_HOST.get()
+    if host is not None and isinstance(data, dict):
+        data = _resolve_names(data, host)
+    return data
+
+
+set_loader(RECIPE_PARSER_MODE, _recipe_loader, exceptions=(yaml.YAMLError,))
+
+
+def _resolve_names(doc: dict[str, Any], host: Registries) -> dict[str, Any]:
+    """``doc`` with the components it names by registered short name or class name given by dotted class path (and
+    ``{class_path: x, k: v}`` shorthand moved into ``init_args``). Unknown names are left for :func:`validate` to
+    report with its nearest-name suggestion."""
+
+    def one(value: Any, kind: str) -> Any:
+        resolved = _resolve_component(value, "", kind, host, [])
+        return value if resolved is None else resolved
+
+    out = dict(doc)
+    for key, (_, kind) in COMPONENT_KEYS.items():
+        if key in out:
+            out[key] = one(out[key], kind)
+    if isinstance(out.get("rewards"), list):
+        out["rewards"] = [one(item, "reward") for item in out["rewards"]]
+    section = out.get("eval")
+    if isinstance(section, dict):
+        section = dict(section)
+        if "prompts" in section:
+            section["prompts"] = one(section["prompts"], "prompts")
+        if isinstance(section.get("sets"), dict):
+            section["sets"] = {name: one(item, "prompts") for name, item in section["sets"].items()}
+        for key in ("rewards", "judges"):
+            if isinstance(section.get(key), list):
+                section[key] = [one(item, "reward") for item in section[key]]
+        out["eval"] = section
+    return out
+
+
+# Command-line options that take a component name, and the registry that resolves it.
+NAMED_OPTIONS: dict[str, str] = {
+    **{key: kind for key, (_, kind) in COMPONENT_KEYS.items()},
+    "eval.prompts": "prompts",
+}
+# List and mapping fields whose ``--KEY.help NAME`` names one component (``--KEY NAME`` gives the whole list).
+NAMED_HELP_OPTIONS: dict[str, str] = {
+    **NAMED_OPTIONS,
+    **{key: kind for key, (_, kind) in LIST_KEYS.items()},
+    "eval.sets": "prompts",
+    "eval.rewards": "reward",
+    "eval.judges": "reward",
+}
+
+
+def _resolve_argv_names(argv: Sequence[str], host: Registries) -> list[str]:
+    """``argv`` with the component named by ``--KEY NAME``, ``--KEY.class_path NAME`` or ``--KEY.help NAME`` given by
+    dotted class path (see :func:`_recipe_loader` for why jsonargparse needs that). Only these options are touched;
+    every other token is left to jsonargparse.
+
+    Raises:
+        RecipeError: If NAME is not a registered name, class name or dotted class path (with the nearest name).
+    """
+    out = list(argv)
+    for i, token in enumerate(out):
+        option, eq, value = token.partition("=")
+        key = option[2:].removesuffix(".class_path").removesuffix(".help") if option.startswith("--") else ""
+        kinds = NAMED_HELP_OPTIONS if option.endswith(".help") else NAMED_OPTIONS
+        inline = option == f"--{key}" and key in NAMED_HELP_OPTIONS  # may be given as a YAML mapping or list
+        if key not in kinds and not inline:
+            continue
+        at = i if eq else i + 1
+        if not eq:
+            if at >= len(out):
+                continue  # jsonargparse reports the missing value
+            value = out[at]
+        if inline and value.lstrip().startswith(("{", "[")):
+            resolved_value = _resolve_inline(key, value, host)
+            out[at] = f"{option}={resolved_value}" if eq else resolved_value
+            continue
+        if key not in kinds or "." in value or value.startswith("-"):
+            continue  # a class path or the next option: jsonargparse reads it
+        problems: list[str] = []
+        resolved = _resolve_component(
+            value, key + (".help" if option.endswith(".help") else ""), kinds[key], host, problems
+        )
+        if resolved is None:
+            raise RecipeError([p.replace(".help.class_path:", ".help:") for p in problems])
+        out[at] = f"{option}={resolved['class_path']}" if eq else resolved["class_path"]
+    return out
+
+
+def _resolve_inline(key: str, value: str, host: Registries) -> str:
+    """A YAML mapping or list given for the component field ``key`` (``--rewards '[jpeg-compressibility]'``), with
+    its registered names resolved as in a recipe file (:func:`_resolve_names`), as JSON for jsonargparse; ``value``
+    itself when it is no YAML (jsonargparse reports that)."""
+    try:
+        loaded = load_yaml(value, f"--{key}")
+    except yaml.YAMLError:
+        return value
+    doc: dict[str, Any] = {}
+    node = doc
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = loaded
+    node = _resolve_names(doc, host)
+    for part in parents:
+        node = node[part]
+    return json.dumps(node[leaf])
+
+
+def _check_value_limits(argv: Sequence[str]) -> None:
+    """Refuse a command-line value beyond the YAML limits of :mod:`rlpost.core.yaml_limits` (an alias bomb, say) before
+    jsonargparse reads it: for values of plain types (int, float, ...) jsonargparse uses its own YAML loader, not the
+    parser mode's (``jsonargparse._typehints.adapt_typehints``), so the limits are checked here first.
+
+    Raises:
+        RecipeError: Naming the option whose value is refused.
+    """
+    option = "command line"
+    for token in argv:
+        if token.startswith("--"):
+            option, _, value = token.partition("=")
+        else:
+            value = token
+        if not value:
+            continue
+        try:
+            loaded = load_yaml(value, option)
+        except YamlLimitError as exc:
+            raise RecipeError([f"{option}: not valid YAML: {exc}"]) from None
+        except yaml.YAMLError:
+            continue  # not YAML: a plain string
+        if not isinstance(loaded, str):  # a string value is the token itself, checked above
+            problem = _string_beyond_limits(loaded)
+            if problem is not None:
+                raise RecipeError([f"{option}: {problem}"])
+
+
+def _recipe_files(argv: Sequence[str]) -> list[str]:
+    """The ``--recipe`` files in ``argv``, in order. They are read with :func:`_read_yaml` before jsonargparse reads
+    them, so that a missing, oversize or non-UTF-8 file is refused with its own message before anything else."""
+    scan = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    scan.add_argument("--recipe", action="append", default=[])
+    return list(scan.parse_known_args(list(argv))[0].recipe)
+
+
+def parse_recipe_args(
+    parser: ArgumentParser, argv: Sequence[str], host: Registries
+) -> tuple[dict[str, Any], Namespace]:
+    """Parse a ``train``/``validate`` command line with ``parser`` (see :func:`build_parser`): jsonargparse merges
+    the ``--recipe`` files and the ``--a.b value`` options in command-line order. Returns the merged recipe (for
+    :func:`validate`) and jsonargparse's namespace (for the options that are not recipe fields).
+
+    jsonargparse stops at the first problem; :func:`_parse_problems` then lists every problem (a recipe's problems
+    are reported all at once).
+
+    Raises:
+        RecipeError: If there is no recipe file, a file is unreadable or a bench recipe, or parsing fails.
+        SystemExit: After jsonargparse printed a help text (``--help``, ``--KEY.help NAME``).
+    """
+    files = _recipe_files(argv)
+    docs = [_read_yaml(path) for path in files]
+    bench = [path for path, doc in zip(files, docs, strict=True) if "bench" in doc]
+    if bench:  # a bench recipe describes several training recipes, not one
+        raise RecipeError(
+            [
+                f"{bench[0]} is a bench recipe (top-level 'bench:' key); run it with rlpost bench --recipe "
+                f"{bench[0]}, or validate/train one of the recipes it benchmarks"
+            ]
+        )
+    _check_value_limits(argv)
+    token = _PARSE_HOST.set(host)
+    try:
+        args = _resolve_argv_names(argv, host)
+        if not files and not any(a in ("-h", "--help") or a.split("=")[0].endswith(".help") for a in args):
+            raise RecipeError(["give at least one --recipe FILE"])
+        try:
+            namespace = parser.parse_args(args)
+        except argparse.ArgumentError as exc:
+            raise RecipeError(_parse_problems(parser, files, args, host, str(exc))) from None
+    finally:
+        _PARSE_HOST.reset(token)
+    return _recipe_from_namespace(parser, namespace), namespace
+
+
+def _parse_problems(
+    parser: ArgumentParser, files: list[str], args: list[str], host: Registries, message: str
+) -> list[str]:
+    """Every problem of a command line jsonargparse rejected with ``message`` (it stops at the first one).
+
+    When the recipe files alone fail too, :func:`validate` reports every problem in them, in its own words (raising
+    RecipeError). Otherwise the problem is in the ``--a.b value`` options: each jsonargparse error names its
+    top-level field, and the command line is parsed again without that field's options to find the next one.
+    """
+    try:
+        parser.parse_args([arg for path in files for arg in ("--recipe", path)])
+    except argparse.ArgumentError:
+        validate(merge_sources(files), host)  # raises with every problem of the files
+    problems: list[str] = []
+    while len(problems) < MAX_PROBLEMS_SHOWN:
+        problem, where = _parse_problem(message)
+        problems.append(problem)
+        remaining = _without_field(args, where) if where else args
+        if remaining == args:
+            break
+        args = remaining
+        try:
+            parser.parse_args(args)
+            break
+        except argparse.ArgumentError as exc:
+            message = str(exc)
+    return problems
+
+
+def _without_field(args: list[str], where: str) -> list[str]:
+    """``args`` without the options ``--WHERE`` and ``--WHERE.*`` (each with its value: recipe fields take one)."""
+    out: list[str] = []
+    skip = False
+    for token in args:
+        if skip:
+            skip = False
+            continue
+        option, eq, _ = token.partition("=")
+        if option == f"--{where}" or option.startswith(f"--{where}."):
+            skip = not eq
+            continue
+        out.append(token)
+    return out
+
+
+def _parse_problem(message: str) -> tuple[str, str | None]:
+    """jsonargparse's parse error as a recipe problem naming the field path, with the nearest name for an unknown
+    option, and the top-level field it names (``None`` when it names none)."""
+    match = re.match(r'\s*Parser key "([^"]+)":', message)
+    if match is None:
+        unrecognized = re.match(r"\s*[Uu]nrecognized arguments: --([^\s=]+)", message)
+        if unrecognized is not None:  # a top-level option that is no recipe field
+            name = unrecognized.group(1)
+            return f"--{name}: unknown option{suggest(name.split('.')[0], list(ALL_KEYS))}", None
+        return _clip(" ".join(message.split()), MAX_PROBLEM_CHARS), None
+    where = match.group(1)
+    # "Problem with given class_path 'X'" (classes) or "Got value: Namespace(class_path='X', ...)" (callables)
+    given = re.search(r"given class_path '([^']+)'|class_path='([^']+)'", message)
+    if given is not None:
+        class_path = given.group(1) or given.group(2)
+        module_name, _, attr = class_path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError, ValueError):
+            cls = None
+        if dataclasses.is_dataclass(cls):
+            unknown = _unknown_option_problem(where, cls, {}, message)
+        else:
+            unknown = _unknown_option_problem(where, None, {"class_path": class_path}, message)
+        if unknown is not None:
+            return unknown, where
+    return f"{where}: {_clean(message, where)}", where
+
+
+def _recipe_from_namespace(parser: ArgumentParser, namespace: Namespace) -> dict[str, Any]:
+    """The recipe fields of jsonargparse's ``namespace`` as plain data: unset components are left out (so
+    :func:`validate` reports required ones as missing), as is an ``eval`` section with no component and only default
+    settings (evaluation is optional)."""
+    dumped = yaml.safe_load(parser.dump(namespace, skip_validation=True)) or {}
+    cfg = {k: v for k, v in dumped.items() if k in ALL_KEYS and not (v is None and k in REQUIRED_KEYS)}
+    section = cfg.pop("eval", None)
+    if isinstance(section, dict):
+        section = {k: v for k, v in section.items() if v is not None}
+        defaults = dataclasses.asdict(EvalSettings())
+        if set(section) - set(defaults) or any(section.get(k, v) != v for k, v in defaults.items()):
+            cfg["eval"] = section
+    return cfg
+
+
 def build_parser(prog: str = "rlpost train") -> ArgumentParser:
-    """The jsonargparse parser describing a recipe; used for ``--help`` and ``--print_config``."""
+    """The jsonargparse parser of a recipe: ``--recipe`` files (``ActionConfigFile``; later files overlay earlier
+    ones) and one option per recipe field (components typed by their base class, so ``--sampler.k 3``,
+    ``--sampler.init_args.k 3`` and ``--sampler.help CLASS`` are jsonargparse's own)."""
     parser = ArgumentParser(
         prog=prog,
         description="Train with a recipe; every option below can be set in the recipe YAML or as --a.b VALUE.",
         exit_on_error=False,
+        parser_mode=RECIPE_PARSER_MODE,
+        # rlpost's --print_config prints the recipe after validate() resolved it (rlpost/apps/cli.py), not
+        # jsonargparse's unvalidated namespace: https://jsonargparse.readthedocs.io/en/stable/#writing-configuration-files
+        print_config=None,
+    )
+    parser.add_argument(
+        "--recipe", action=ActionConfigFile, help="recipe YAML file; repeat to overlay later files on earlier ones"
     )
     parser.add_class_arguments(RunConfig, "run")
     parser.add_class_arguments(CheckpointConfig, "checkpoint")

@@ -43,7 +43,7 @@ from rlpost.engine.checkpoint import (
 )
 from rlpost.engine.distributed import DeepSpeedBackend, World
 from rlpost.engine.ema import EMA
-from rlpost.engine.evaluation import Evaluator
+from rlpost.engine.evaluation import Evaluator, image_dir
 from rlpost.engine.guards import Guards
 from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.recipe import Recipe, state_breaking_changes
@@ -298,7 +298,9 @@ class Runner:
             return
         total = scores.weighted_sum()
         captions = [f"{p} | r={float(v):.3g}" for p, v in zip(rollout.sample_prompts, total, strict=True)]
-        save_grid(rollout.images, captions, self.rundir.path / "grids" / f"step_{self.ctx.step:06d}.png")
+        grid = save_grid(rollout.images, captions, self.rundir.path / "grids" / f"step_{self.ctx.step:06d}.png")
+        if self.logger is not None:
+            self.logger.log_image(self.ctx.step, "samples/grid", grid)
 
     @staticmethod
     def _metrics(
@@ -435,6 +437,8 @@ class Runner:
             "recipe_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
             "base_model": (r.config.get("model", {}).get("init_args") or {}).get("pretrained"),
             "components": {k: getattr(r, k).name for k in ("model", "sampler", "advantage", "optimizer")},
+            # Which plugin registered each: the sampler's names the algorithm on the exported model card.
+            "origins": {k: self.host.component_origin(k, getattr(r, k))[1] for k in ("sampler", "advantage")},
             "rewards": [reward.name for reward in r.rewards],
             "ema": self.ema is not None,
         }
@@ -483,6 +487,10 @@ class Runner:
             metrics = self.evaluator.evaluate(self.ctx.step, self.ctx.is_main_process)
         if self.logger is not None:
             self.logger.log_trackers(self.ctx.step, metrics)
+            for name in self.evaluator.spec.sets:  # the captioned held-out grids evaluation just wrote
+                grid = image_dir(self.rundir.path, name, self.ctx.step).with_suffix(".png")
+                if grid.is_file():
+                    self.logger.log_image(self.ctx.step, f"eval/{name}/grid" if name else "eval/grid", grid)
         return metrics
 
     def _periodic(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,10 +19,30 @@ _LINE_H = 12
 
 
 def _wrap(text: str, width: int) -> list[str]:
-    chars = max(8, width // 6)
-    lines = [text[i : i + chars] for i in range(0, len(text), chars)] or [""]
+    """Caption lines for a tile ``width`` pixels wide: at most :data:`_CAPTION_LINES`, wrapped between words.
+
+    A number (any word with a digit: ``0.734``, ``r=0.71``, ``step_12``) is never split, not even when it is longer
+    than a line (it then overruns the line rather than becoming unreadable); only digit-free words longer than a line
+    (a URL, a run of letters) are cut. A ``"\n"`` starts a new line. Text that does not fit ends with ``…`` after the
+    last whole word.
+    """
+    chars = max(8, width // 6)  # the default PIL font is about 6 px per character
+    paragraphs = []
+    for paragraph in text.split("\n"):
+        words: list[str] = []
+        for word in paragraph.split():
+            if len(word) > chars and not any(c.isdigit() for c in word):
+                words.extend(word[i : i + chars] for i in range(0, len(word), chars))
+            else:
+                words.append(word)
+        paragraphs.append(" ".join(words))
+    lines: list[str] = []
+    for paragraph in paragraphs:
+        lines.extend(textwrap.wrap(paragraph, chars, break_long_words=False, break_on_hyphens=False) or [""])
     if len(lines) > _CAPTION_LINES:
-        lines = [*lines[: _CAPTION_LINES - 1], lines[_CAPTION_LINES - 1][: chars - 1] + "…"]
+        last = " ".join(lines[_CAPTION_LINES - 1 :])
+        kept = textwrap.wrap(last, chars, break_long_words=False, break_on_hyphens=False, max_lines=1, placeholder=" …")
+        lines = [*lines[: _CAPTION_LINES - 1], kept[0] if kept else "…"]
     return lines
 
 

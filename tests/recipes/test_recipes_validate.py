@@ -1,21 +1,26 @@
 """Every YAML under recipes/ validates (torchtune's "every config validates"), without loading any model.
 
-Overlays in recipes/ablations/ name their base recipe in a ``# base: recipes/...`` header line. Recipes whose data
-is not shipped (e.g. the HPDv2 training prompts) declare it with ``# requires-data: PATH``; the test validates them
-in a scratch directory where a small stand-in file exists at that path (the recipe is valid given its data). Model
-weights and reward checkpoints are stood in the same way (tests/weights_standins.py).
+Overlays in recipes/ablations/ name their base recipe in a ``# base: recipes/...`` header line. Recipes whose prompt
+sets come from the Hugging Face hub (the SD3.5 recipes: HPD v2 training and benchmark prompts) are validated with
+small stand-in files of those datasets placed in a scratch hub cache, as ``hf_hub_download`` would have left them
+(the recipe is valid given its data); model weights and reward checkpoints are stood in the same way
+(tests/weights_standins.py). CI runs offline (HF_HUB_OFFLINE=1), so the hub data not being cached is also checked:
+validation then fails with exit 2, naming each prompt field and how to provide it, and writes nothing.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from rlpost.apps import cli
 from rlpost.core.plugins import PluginHost
-from rlpost.engine.recipe import merge_sources, validate
+from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.sd3 import SD3Policy
-from tests.weights_standins import standin_weights  # noqa: F401 - fixture
+from tests.weights_standins import hub_dataset_standin, standin_weights  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 # recipes/bench/ holds bench recipes (a ``bench`` section plus per-algorithm overlays), validated by
@@ -35,27 +40,39 @@ def no_weights(monkeypatch):
     monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
 
 
-def _required_data(*recipes: Path) -> list[str]:
-    return [
-        line.split(":", 1)[1].strip()
-        for recipe in recipes
-        for line in recipe.read_text().splitlines()
-        if line.startswith("# requires-data:")
-    ]
+def _hub_sources(*recipes: Path) -> list[tuple[str, str, list[str], str]]:
+    """``(field, repo_id, data_files, column)`` of every hub-dataset prompt source (training and evaluation) the
+    recipes name, read from their YAML."""
+    found = []
+    for recipe in recipes:
+        cfg = yaml.safe_load(recipe.read_text()) or {}
+        sources = {"prompts": cfg.get("prompts")}
+        evaluation = cfg.get("eval") or {}
+        sources.update({f"eval.sets.{k}": v for k, v in (evaluation.get("sets") or {}).items()})
+        for field, source in sources.items():
+            args = (source or {}).get("init_args") or {}
+            if (source or {}).get("class_path") == "hf-dataset" and "/" in str(args.get("path", "")):
+                files = args.get("data_files") or []
+                files = [files] if isinstance(files, str) else list(files)
+                found.append((field, args["path"], files, args.get("column", "prompt")))
+    return found
+
+
+SD35 = [p for p in FULL if _hub_sources(p)]
 
 
 @pytest.fixture
 def scratch(tmp_path, monkeypatch, standin_weights):  # noqa: F811 - the fixture imported above
-    """Run validation from a scratch working directory (stand-in data files go there), with stand-ins of the model
-    weights and reward checkpoints the recipes name (validation checks they are installed; nothing loads them)."""
+    """Run validation from a scratch working directory, with stand-ins of the model weights and reward checkpoints
+    the recipes name (validation checks they are installed; nothing loads them). Calling the fixture's value with
+    recipes also places stand-ins of their hub prompt datasets in the scratch hub cache."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "assets").symlink_to(ROOT / "assets")  # shipped models (assets/digits-sd3) resolve as in the repo
 
     def provide(*recipes: Path) -> None:
-        for rel in _required_data(*recipes):
-            path = tmp_path / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("a photo of a cat\na watercolor painting of a lighthouse\n")
+        for _, repo_id, files, column in _hub_sources(*recipes):
+            records = json.dumps([{column: "a photo of a cat"}, {column: "a watercolor painting of a lighthouse"}])
+            hub_dataset_standin(standin_weights / "hub", repo_id, dict.fromkeys(files, records))
 
     return provide
 
@@ -85,3 +102,58 @@ def test_overlay_validates_on_its_base(overlay, host, scratch):
     recipe = validate(merged, host)
     plain = validate(merge_sources([str(base)]), host)
     assert recipe.config != plain.config, f"{overlay.name} changes nothing"
+
+
+def test_sd35_recipes_name_hub_prompt_sets():
+    """The headline commands work as typed: every SD3.5 recipe names hub datasets for its training prompts (and its
+    evaluation prompts, where it evaluates), not local files a user would have to pass with --prompts.path."""
+    assert {p.name for p in SD35} >= {
+        "treegrpo_sd35.yaml",
+        "treegrpo_code_sd35.yaml",
+        "dancegrpo_sd35.yaml",
+        "mixgrpo_sd35.yaml",
+        "ddpo_sd35.yaml",
+    }
+    for recipe in SD35:
+        fields = {field for field, *_ in _hub_sources(recipe)}
+        assert "prompts" in fields, recipe.name
+        assert "--prompts.path" not in recipe.read_text().split("\n# Prompts:")[0], f"{recipe.name} usage lines"
+
+
+@pytest.mark.parametrize("recipe", SD35, ids=lambda p: p.name)
+def test_sd35_recipe_offline_without_prompt_cache_says_how(recipe, host, scratch, monkeypatch):
+    """Offline with the weights installed but the hub prompt sets not cached, the only problems are the prompt
+    fields', each saying what is missing and how to provide it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RecipeError) as info:
+        validate(merge_sources([str(recipe)]), host)
+    problems = info.value.problems
+    expected = {field for field, *_ in _hub_sources(recipe)}
+    assert {p.split(".init_args")[0] for p in problems} == expected, problems
+    for problem in problems:
+        assert "is not in the local Hugging Face cache" in problem and "offline mode is on" in problem
+        assert "run once with network access" in problem
+        field = problem.split(".init_args")[0]
+        assert f"--{field}.path FILE" in problem  # the flag that replaces this very source
+
+
+@pytest.mark.parametrize("command", ["validate", "train"])
+def test_headline_command_offline_exits_2_and_writes_nothing(command, scratch, monkeypatch, capsys, tmp_path):
+    """`rlpost validate|train --recipe recipes/treegrpo_sd35.yaml` offline, prompts not cached: exit 2 with the
+    fields named, before any model loads (SD3Policy.setup fails the test) and without writing anything."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("RLPOST_VERBOSE", "1")  # train would otherwise set progress-bar variables for later tests
+    before = sorted(tmp_path.rglob("*"))
+    assert cli.main([command, "--recipe", str(ROOT / "recipes" / "treegrpo_sd35.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "prompts.init_args.data_files: train.json of dataset 'ymhao/HPDv2' is not in the local" in err
+    assert "eval.sets.hpdv2.init_args.data_files:" in err and "--eval.sets.hpdv2.path FILE" in err
+    assert sorted(tmp_path.rglob("*")) == before  # no run directory, no cache entries
+
+
+def test_headline_command_validates_once_prompts_are_cached(scratch, monkeypatch, capsys):
+    """With the HPD v2 files in the (stand-in) hub cache, offline, the headline command validates with no flag."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    recipe = ROOT / "recipes" / "treegrpo_sd35.yaml"
+    scratch(recipe)
+    assert cli.main(["validate", "--recipe", str(recipe)]) == 0, capsys.readouterr().err

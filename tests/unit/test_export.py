@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from huggingface_hub import ModelCard
 from PIL import Image
 
 from rlpost.apps import cli
+from rlpost.apps.export import _model_card
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import validate
 from rlpost.engine.runner import Runner
@@ -56,8 +58,13 @@ def test_exported_lora_loads_into_fresh_pipeline_and_reproduces_eval(lora_run, t
 
     run, _ = lora_run
     assert cli.main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
-    card = (tmp_path / "export" / "README.md").read_text()
-    assert "base_model:" in card and "sampler=toy-chain" in card and "toy-brightness" in card and "| 2 |" in card
+    card = ModelCard.load(tmp_path / "export" / "README.md")
+    assert card.data.base_model == str(tiny_sd3_dir.resolve())  # the local path the run loaded
+    assert card.data.pipeline_tag == "text-to-image" and card.data.library_name == "diffusers"
+    assert card.data.base_model_relation == "adapter"
+    assert {"lora", "text-to-image", "diffusers", "rlpost", "sd3", "tests.toy_components"} <= set(card.data.tags)
+    assert card.data.license == "other"  # the tiny pipeline has no model card of its own
+    assert "sampler=toy-chain" in card.text and "toy-brightness" in card.text and "| 2 |" in card.text
     pipe = StableDiffusion3Pipeline.from_pretrained(str(tiny_sd3_dir), torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     pipe.load_lora_weights(str(tmp_path / "export"))
@@ -98,3 +105,58 @@ def test_sample_does_not_revalidate_trackers_or_the_training_device(lora_run, tm
     args = ["sample", "--run", str(copy), "--out", str(tmp_path / "s"), "--num-steps", "2", "--device", "cpu"]
     assert cli.main([*args, "--prompt", PROMPTS[0]]) == 0
     assert (tmp_path / "s" / "0000.png").is_file()
+
+
+MANIFEST = {
+    "step": 7,
+    "components": {"model": "sd3", "sampler": "tree", "advantage": "tree-backup", "optimizer": "clipped-surrogate"},
+    "origins": {"sampler": "treegrpo", "advantage": "treegrpo"},
+    "rewards": ["pickscore"],
+    "ema": False,
+}
+
+
+def _card(tmp_path, base, kind="lora", license=None) -> ModelCard:
+    path = tmp_path / "README.md"
+    _model_card({**MANIFEST, "base_model": base}, tmp_path / "run", kind, license).save(path)
+    return ModelCard.load(path)  # read back the way the Hub and diffusers read it
+
+
+def test_model_card_metadata_for_a_hub_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # the base model's card is not cached
+    card = _card(tmp_path, "stabilityai/stable-diffusion-3.5-medium")
+    data = card.data
+    assert data.base_model == "stabilityai/stable-diffusion-3.5-medium" and data.base_model_relation == "adapter"
+    assert data.pipeline_tag == "text-to-image" and data.library_name == "diffusers"
+    assert data.tags == ["text-to-image", "diffusers", "lora", "rlpost", "rl-post-training", "sd3", "treegrpo"]
+    assert data.license == "other" and "huggingface.co/stabilityai/stable-diffusion-3.5-medium" in card.text
+    assert "**Algorithm:** treegrpo" in card.text and "**Training steps:** 7" in card.text
+
+
+def test_model_card_resolves_a_cache_snapshot_and_inherits_the_base_license(tmp_path):
+    snapshot = tmp_path / "hub" / "models--stabilityai--stable-diffusion-3.5-medium" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "README.md").write_text(
+        "---\nlicense: other\nlicense_name: stabilityai-ai-community\nlicense_link: LICENSE.md\n---\n# SD3.5\n"
+    )
+    card = _card(tmp_path, str(snapshot), kind="transformer")
+    data = card.data
+    assert data.base_model == "stabilityai/stable-diffusion-3.5-medium" and data.base_model_relation == "finetune"
+    assert "lora" not in data.tags
+    assert data.license == "other" and data.license_name == "stabilityai-ai-community"
+    assert data.license_link == "https://huggingface.co/stabilityai/stable-diffusion-3.5-medium/blob/main/LICENSE.md"
+    # An explicit license wins over the base model's.
+    assert _card(tmp_path, str(snapshot), license="apache-2.0").data.license == "apache-2.0"
+
+
+def test_model_card_local_base_and_no_base(tmp_path):
+    local = tmp_path / "my-sd3"
+    local.mkdir()
+    (local / "README.md").write_text("---\nlicense: mit\n---\n")
+    data = _card(tmp_path, str(local)).data
+    assert data.base_model == str(local.resolve()) and data.license == "mit"
+    odd = _card(tmp_path, "org/name..bad").data  # not a valid Hub id: kept, and the cache lookup does not raise
+    assert odd.base_model == "org/name..bad" and odd.license == "other"
+    none = _card(tmp_path, None).data
+    assert none.base_model is None and getattr(none, "base_model_relation", None) is None
+    assert none.license == "other" and none.pipeline_tag == "text-to-image"

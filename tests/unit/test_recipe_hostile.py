@@ -169,3 +169,27 @@ def test_recipe_error_message_is_bounded():
     assert len(err.problems) == 500  # every problem kept for programs
     text = str(err)
     assert len(text) < 60 * MAX_PROBLEM_CHARS and "... and 450 more problem(s)" in text
+
+
+def test_a_quoted_alias_bomb_in_a_field_is_refused_naming_the_field(capsys, tmp_path):
+    """jsonargparse parses a string given for a number field as YAML again, with its own loader: a bomb quoted as a
+    string is refused before that, naming the file and the field."""
+    overlay = tmp_path / "quoted.yaml"
+    overlay.write_text(yaml.safe_dump({"run": {"seed": _bomb(6)}}))
+    err = _refused(capsys, overlay, tmp_path / "run")
+    assert f"quoted.yaml: run.seed: not valid YAML inside a string: aliases expand to more than {MAX_NODES}" in err
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--run.seed", _bomb(6), "--run.seed: not valid YAML: aliases expand"),
+        ("--run", yaml.safe_dump({"seed": _bomb(6)}), "--run: seed: not valid YAML inside a string: aliases expand"),
+        ("--run.seed", "[" * 200 + "]" * 200, f"--run.seed: not valid YAML: nesting deeper than {MAX_DEPTH}"),
+    ],
+    ids=["bomb", "quoted-bomb", "deep"],
+)
+def test_command_line_values_are_refused_before_jsonargparse_reads_them(option, value, message, capsys, tmp_path):
+    rc = cli.main(["validate", "--recipe", str(RECIPES / "valid.yaml"), option, value])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2 and message in err and len(err) < 4 * MAX_PROBLEM_CHARS

@@ -146,3 +146,30 @@ def test_hook_never_raises(tmp_path: Path) -> None:
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         reporting.rlpost_after_run(run=SimpleNamespace(is_main_process=True, output_dir=run), status="failed")
+
+
+def test_reward_plot_has_integer_step_ticks(tmp_path: Path, monkeypatch: object) -> None:
+    import matplotlib.pyplot as plt
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward/weighted": 0.1 * s}) + "\n" for s in (1, 2, 3))
+    )
+    figures: list = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", figures.append)  # type: ignore[attr-defined]
+    try:
+        assert reporting.plot_rewards(run, tmp_path / "plot.png") is not None
+        (fig,) = figures
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        lo, hi = ax.get_xlim()
+        shown = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert shown and all(float(t).is_integer() for t in shown), shown
+        labels = [t.get_text().replace("\u2212", "-") for t in ax.get_xticklabels() if t.get_text()]
+        assert labels and all(label.lstrip("-").isdigit() for label in labels), labels
+        assert {1, 2, 3} <= {int(t) for t in shown}
+    finally:
+        for fig in figures:
+            close(fig)
