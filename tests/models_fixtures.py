@@ -1,4 +1,4 @@
-"""Shared fixtures for model tests: a tiny real-architecture SD3 pipeline saved once per session.
+"""Shared fixtures for model tests: tiny real-architecture SD3 and FLUX pipelines, each saved once per session.
 
 Imported into ``tests/conftest.py`` so every test package can request them.
 """
@@ -31,6 +31,30 @@ def make_sd3_policy(tiny_sd3_dir: Path) -> Callable[..., Any]:
         kwargs.setdefault("dtype", "float32")
         kwargs.setdefault("max_sequence_length", 32)
         policy = SD3Policy(str(tiny_sd3_dir), **kwargs)
+        policy.setup(torch.device("cpu"))
+        return policy
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight ``FluxPipeline`` (32 px, VAE factor 2, 2x2 packing, guidance embedding) saved once."""
+    from rlpost.models.tiny import build_tiny_flux
+
+    return build_tiny_flux(tmp_path_factory.mktemp("tiny_flux") / "pipe", seed=0, sample_size=32)
+
+
+@pytest.fixture
+def make_flux_policy(tiny_flux_dir: Path) -> Callable[..., Any]:
+    """Factory: ``make_flux_policy(**kwargs)`` -> a ``FluxPolicy`` on the tiny pipeline, set up on CPU in fp32."""
+    from rlpost.models import FluxPolicy
+
+    def make(**kwargs: Any) -> FluxPolicy:
+        kwargs.setdefault("resolution", 32)
+        kwargs.setdefault("dtype", "float32")
+        kwargs.setdefault("max_sequence_length", 32)
+        policy = FluxPolicy(str(tiny_flux_dir), **kwargs)
         policy.setup(torch.device("cpu"))
         return policy
 

@@ -1,4 +1,4 @@
-"""Stand-ins for weights a recipe names but tests cannot download: a diffusers SD3 pipeline directory with real
+"""Stand-ins for weights a recipe names but tests cannot download: diffusers SD3 and FLUX pipeline directories with real
 configs and empty weight files, placed in a scratch Hugging Face cache, and reward checkpoint files under a scratch
 ``$RLPOST_MODELS``. Validation only checks that these exist and reads their configs, so a stand-in lets a test
 validate a full-size recipe; loading one fails, which tests that must not load weights want anyway."""
@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
+FLUX1_DEV = "black-forest-labs/FLUX.1-dev"
 
 # Reward checkpoints the shipped recipes use, as default names under $RLPOST_MODELS (file or directory).
 REWARD_FILES = (
@@ -58,13 +60,42 @@ def write_sd3_standin(directory: Path, vae_blocks: int = 4, patch_size: int = 2,
     return directory
 
 
-def hub_cache_standin(cache: Path, repo_id: str) -> Path:
-    """Place an SD3 stand-in in the Hugging Face cache layout under ``cache`` and return its snapshot directory."""
+def write_flux_standin(directory: Path) -> Path:
+    """A FLUX.1-shaped pipeline directory (FLUX.1-dev's component layout, VAE factor 8, patch 1): ``model_index.json``,
+    each component's config and an empty weight file."""
+    components = {
+        "transformer": ("diffusers", "FluxTransformer2DModel"),
+        "vae": ("diffusers", "AutoencoderKL"),
+        "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
+        "text_encoder": ("transformers", "CLIPTextModel"),
+        "tokenizer": ("transformers", "CLIPTokenizer"),
+        "text_encoder_2": ("transformers", "T5EncoderModel"),
+        "tokenizer_2": ("transformers", "T5TokenizerFast"),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    index = {"_class_name": "FluxPipeline", **{k: list(v) for k, v in components.items()}}
+    (directory / "model_index.json").write_text(json.dumps(index))
+    configs = {"transformer": {"patch_size": 1, "guidance_embeds": True}, "vae": {"block_out_channels": [128] * 4}}
+    for name in components:
+        sub = directory / name
+        sub.mkdir(exist_ok=True)
+        if name == "scheduler":
+            (sub / "scheduler_config.json").write_text(json.dumps({"use_dynamic_shifting": True, "shift": 3.0}))
+        elif not name.startswith("tokenizer"):
+            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
+            (sub / "model.safetensors").write_bytes(b"")
+    return directory
+
+
+def hub_cache_standin(cache: Path, repo_id: str, write: Any = write_sd3_standin) -> Path:
+    """Place a stand-in (``write``: SD3 by default) in the Hugging Face cache layout under ``cache``; returns its
+    snapshot directory."""
     repo = cache / f"models--{repo_id.replace('/', '--')}"
     commit = "0" * 40
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(commit)
-    return write_sd3_standin(repo / "snapshots" / commit)
+    path: Path = write(repo / "snapshots" / commit)
+    return path
 
 
 def hub_dataset_standin(cache: Path, repo_id: str, files: dict[str, str]) -> Path:
@@ -85,11 +116,13 @@ def hub_dataset_standin(cache: Path, repo_id: str, files: dict[str, str]) -> Pat
 
 @pytest.fixture
 def standin_weights(tmp_path_factory, monkeypatch) -> Path:
-    """A scratch HF cache holding SD3.5 Medium and a scratch ``$RLPOST_MODELS`` holding the reward checkpoints."""
+    """A scratch HF cache holding SD3.5 Medium and FLUX.1-dev, and a scratch ``$RLPOST_MODELS`` holding the reward
+    checkpoints."""
     import huggingface_hub.constants
 
     root = tmp_path_factory.mktemp("standin-weights")
     hub_cache_standin(root / "hub", SD35_MEDIUM)
+    hub_cache_standin(root / "hub", FLUX1_DEV, write_flux_standin)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root / "hub"))
     models = root / "models"
     models.mkdir()

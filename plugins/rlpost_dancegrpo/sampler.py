@@ -18,7 +18,7 @@ never reaches the reward (hence its ``--ignore_last`` flag). Here:
   the image (std ``η·sqrt(σ_{T-2} - σ_min)``, ≈ 0.16 for SD3.5 at 10 steps). The default ``"ode"`` keeps that step
   deterministic, so no grid scores a noisier image than upstream (``tests/plugins/test_residual_noise.py``);
   recipes on the shifted-linspace grid set ``"sde"`` to be upstream exactly. Validation refuses ``"sde"`` on a
-  model whose grid ends in ``σ_min`` (:func:`rlpost.ops.schedules.clean_tail_steps`).
+  model whose grid ends in ``σ_min`` (`rlpost.core.api.Policy.clean_tail_steps`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import torch
 from torch import Tensor
 
 from rlpost import (
-    TIME_GRIDS,
     ChainPlan,
     EdgeEval,
     LogProbReduction,
@@ -40,7 +39,6 @@ from rlpost import (
     StepCounts,
     StepKernel,
     chain_counts,
-    clean_tail_steps,
     evaluate_edges,
     last_steps_kernels,
     make_kernel,
@@ -141,9 +139,11 @@ class DanceGRPOSampler(Sampler):
             problems.append(
                 f"sampler.init_args.penultimate_step: must be 'ode' or 'sde', got {self.penultimate_step!r}"
             )
-        # The model's grid (the SD3 adapter's model.init_args.time_grid); adapters without a named grid skip this check.
-        grid = getattr(getattr(recipe, "model", None), "time_grid", None)
-        if self.penultimate_step == "sde" and grid in TIME_GRIDS and clean_tail_steps(grid) > 1:
+        # The model adapter says where its grid turns (near-)clean (Policy.clean_tail_steps); None skips the check.
+        model = getattr(recipe, "model", None)
+        tail = model.clean_tail_steps() if isinstance(model, Policy) else None
+        grid = getattr(model, "time_grid", None)
+        if self.penultimate_step == "sde" and tail is not None and tail > 1:
             problems.append(
                 f"sampler.init_args.penultimate_step: 'sde' samples the step into sigma_min (0.009 at shift 3) of "
                 f"model.init_args.time_grid {grid!r}; its noise would stay in the decoded image. Use 'ode', or "

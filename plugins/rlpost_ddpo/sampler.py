@@ -28,7 +28,6 @@ import torch
 from torch import Tensor
 
 from rlpost import (
-    TIME_GRIDS,
     ChainPlan,
     EdgeEval,
     LogProbReduction,
@@ -39,7 +38,6 @@ from rlpost import (
     StepCounts,
     StepKernel,
     chain_counts,
-    clean_tail_steps,
     evaluate_edges,
     last_steps_kernels,
     make_kernel,
@@ -121,16 +119,18 @@ class DDPOSampler(Sampler):
             problems.append(
                 f"sampler.init_args.penultimate_step: must be 'ode' or 'sde', got {self.penultimate_step!r}"
             )
-        # The model's grid (the SD3 adapter's model.init_args.time_grid); adapters without a named grid skip this check.
-        grid = getattr(getattr(recipe, "model", None), "time_grid", None)
-        if grid in TIME_GRIDS:
+        # The model adapter says where its grid turns (near-)clean (Policy.clean_tail_steps); None skips the check.
+        model = getattr(recipe, "model", None)
+        tail = model.clean_tail_steps() if isinstance(model, Policy) else None
+        grid = getattr(model, "time_grid", None)
+        if tail is not None:
             # The one step that starts from a noisy level and lands on the grid's clean end must be deterministic.
-            if clean_tail_steps(grid) > 1 and self.penultimate_step == "sde":
+            if tail > 1 and self.penultimate_step == "sde":
                 problems.append(
                     f"sampler.init_args.penultimate_step: 'sde' samples the step into sigma_min (0.009 at shift 3) "
                     f"of model.init_args.time_grid {grid!r}; its noise would stay in the decoded image. Use 'ode'"
                 )
-            if clean_tail_steps(grid) == 1 and self.final_step == "sde":
+            if tail == 1 and self.final_step == "sde":
                 problems.append(
                     f"sampler.init_args.final_step: 'sde' samples the step from shift(1/T) to 0 of "
                     f"model.init_args.time_grid {grid!r} and decodes it; its noise would stay in the image. Use 'ode'"

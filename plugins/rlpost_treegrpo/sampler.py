@@ -25,6 +25,7 @@ and every rank of a step shares it and each step is one batched forward; it is s
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -223,8 +224,9 @@ class TreeSampler(Sampler):
         tail = self.num_steps - start - self.depth
         return trees * (start + self._per_tree_window_forwards() + int(self.k**self.depth) * tail)
 
-    def expected_rollout_forwards(self, num_groups: int) -> float:
-        """Rollout transformer rows averaged over the window law (non-integer in general)."""
+    def expected_rollout_forwards(self, num_groups: int, samples_per_group: int = 1) -> float:
+        """Rollout transformer rows averaged over the window law (non-integer in general); ``samples_per_group``
+        is ignored, as in :meth:`counts`."""
         starts = torch.arange(num_starts(self.num_steps, self.depth))
         values = torch.tensor([self.rollout_forwards_at(int(s), num_groups) for s in starts], dtype=torch.float64)
         return expected_value(self.window_probs(), values)
@@ -244,6 +246,14 @@ class TreeSampler(Sampler):
             rollout_forwards=self.rollout_forwards_at(worst, num_groups),
             train_forwards=trees * self._per_tree_window_forwards(),
         )
+
+    def step_counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
+        """:meth:`counts` with the rollout rows at the window start :meth:`begin_step` set (the worst case before
+        the first step)."""
+        worst = self.counts(num_groups, samples_per_group)
+        if self.window_start is None:
+            return worst
+        return replace(worst, rollout_forwards=self.rollout_forwards_at(self.window_start, num_groups))
 
     # ----------------------------------------------------------------------------------------------- rollout
 

@@ -187,8 +187,13 @@ def cmd_export(argv: Sequence[str]) -> int:
     parser.add_argument("--run", required=True, help="the run directory")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--checkpoint", default="latest", help="latest (default) or a checkpoint directory")
+    parser.add_argument(
+        "--license",
+        default=None,
+        help="license id for the model card (e.g. apache-2.0); default: the base model's, else 'other'",
+    )
     ns = parser.parse_args(argv)
-    out = export_run(Path(ns.run), Path(ns.out), ns.checkpoint)
+    out = export_run(Path(ns.run), Path(ns.out), ns.checkpoint, license=ns.license)
     print(f"exported to {out}", file=sys.stderr)
     return 0
 

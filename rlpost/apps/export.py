@@ -92,6 +92,8 @@ def _model_card(manifest: dict[str, Any], run_dir: Path, kind: str, license: str
     to the base model's terms when the license is not known. Here the base model's own card supplies the license
     when it can be read offline, and ``license`` overrides both.
     """
+    # Family-agnostic usage: DiffusionPipeline picks the pipeline class (StableDiffusion3Pipeline, FluxPipeline, ...)
+    # from the base model's model_index.json, AutoModel the transformer class from its config.json.
     comps = manifest.get("components", {})
     base, local = _base_model(manifest, run_dir)
     lora = kind == LORA_DIR
@@ -118,15 +120,15 @@ def _model_card(manifest: dict[str, Any], run_dir: Path, kind: str, license: str
     shown = base or "<base model>"
     if lora:
         usage = (
-            "```python\nfrom diffusers import StableDiffusion3Pipeline\n\n"
-            f'pipe = StableDiffusion3Pipeline.from_pretrained("{shown}")\n'
+            "```python\nfrom diffusers import DiffusionPipeline\n\n"
+            f'pipe = DiffusionPipeline.from_pretrained("{shown}")\n'
             'pipe.load_lora_weights("<this directory>")\n```\n'
         )
     else:
         usage = (
-            "```python\nfrom diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline\n\n"
-            'transformer = SD3Transformer2DModel.from_pretrained("<this directory>/transformer")\n'
-            f'pipe = StableDiffusion3Pipeline.from_pretrained("{shown}", transformer=transformer)\n```\n'
+            "```python\nfrom diffusers import AutoModel, DiffusionPipeline\n\n"
+            'transformer = AutoModel.from_pretrained("<this directory>/transformer")\n'
+            f'pipe = DiffusionPipeline.from_pretrained("{shown}", transformer=transformer)\n```\n'
         )
     if license:
         terms_text = f"Released under `{license}` (set at export)."

@@ -93,6 +93,12 @@ class Policy(Component):
 
     kind: ClassVar[str] = "model"
 
+    forward_count: int = 0
+    """Denoiser evaluations so far, in batch rows before CFG doubling, summed over :meth:`velocity` calls.
+
+    Adapters add each call's ``B`` in :meth:`velocity`; readers (tests, ``rlpost bench``) take differences around a
+    rollout or an update and compare them with :meth:`Sampler.counts`. Never reset by the core."""
+
     @abstractmethod
     def setup(self, device: torch.device) -> None:
         """Load weights and move to ``device``. Called once by the runner, after validation."""
@@ -137,6 +143,17 @@ class Policy(Component):
     @abstractmethod
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Parameters the optimizer updates (LoRA adapters or the whole denoiser)."""
+
+    def clean_tail_steps(self) -> int | None:
+        """How many final steps of this model's time grid land on a (near-)clean level, for any ``T >= 2``.
+
+        Samplers that must not leave sampled noise in the decoded image keep those steps deterministic and check
+        their settings against it in ``validate`` (before :meth:`setup`, so adapters answer from their settings
+        alone). SD3's ``"diffusers"`` grid ends ``... -> σ_min -> 0`` (2); a grid whose last nonzero level is
+        ``shift(1/T)`` (SD3's ``"shifted-linspace"``, both FLUX grids) has 1. ``None`` (the default): unknown, and
+        samplers skip the check. See ``docs/models.md``, "Time grids".
+        """
+        return None
 
     def reference(self) -> AbstractContextManager[None]:
         """Context in which :meth:`velocity` uses the frozen reference model (for KL terms).
@@ -203,6 +220,10 @@ class Sampler(Component):
     kind: ClassVar[str] = "sampler"
     provides: ClassVar[frozenset[str]] = frozenset()
 
+    chunk_size: int = 0
+    """Most rows per denoiser forward (and VAE decode) in :meth:`rollout`, a memory budget; 0: the whole frontier
+    at once. Cost models read it to know the batch size the transformer really runs at."""
+
     def begin_step(self, step: int, generator: torch.Generator) -> None:  # noqa: B027 - optional, no-op default
         """Set this training step's per-step state, before any :meth:`rollout` of the step. Default: nothing.
 
@@ -233,7 +254,21 @@ class Sampler(Component):
 
     @abstractmethod
     def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
-        """Closed-form counts for one step with ``num_groups`` prompt groups."""
+        """Closed-form counts for one step with ``num_groups`` prompt groups.
+
+        Where a count depends on a per-step draw (TreeGRPO's window start), this is its worst case over the draw;
+        :meth:`step_counts` gives the drawn step's, :meth:`expected_rollout_forwards` the expectation.
+        """
+
+    def step_counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
+        """The counts of the step :meth:`begin_step` last began (exact for its draws). Default: :meth:`counts`,
+        which a sampler whose counts follow its per-step state (MixGRPO's window) already makes exact."""
+        return self.counts(num_groups, samples_per_group)
+
+    def expected_rollout_forwards(self, num_groups: int, samples_per_group: int) -> float:
+        """Rollout denoiser rows per step averaged over the sampler's per-step draws (non-integer in general).
+        Default: ``counts(...).rollout_forwards``, for samplers that draw nothing that changes it."""
+        return float(self.counts(num_groups, samples_per_group).rollout_forwards)
 
 
 # ------------------------------------------------------------------------------------------------ advantages
@@ -334,6 +369,14 @@ class PolicyOptimizer(Component):
     Torch optimizers themselves are chosen in the recipe (``torch_optimizer``)."""
 
     kind: ClassVar[str] = "optimizer"
+
+    inner_epochs: int = 1
+    """Passes over the rollout's trainable edges per step: the update's denoiser rows per step are
+    ``StepCounts.train_forwards * inner_epochs``."""
+
+    minibatch_edges: int = 0
+    """Most edges per forward/backward chunk (a memory budget); 0: all of a step's edges at once. Cost models read
+    it to know the batch size the update's transformer calls run at."""
 
     @abstractmethod
     def update(self, ctx: UpdateContext) -> dict[str, float]:

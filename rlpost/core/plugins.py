@@ -60,6 +60,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "rlpost.components.builtin",
     "rlpost.components.prompts",
     "rlpost.models.sd3",
+    "rlpost.models.flux",
     "rlpost.apps.reporting",
 )
 

@@ -15,7 +15,6 @@ import json
 import random
 import resource
 import sys
-import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +45,7 @@ from rlpost.engine.ema import EMA
 from rlpost.engine.evaluation import Evaluator, image_dir
 from rlpost.engine.guards import Guards
 from rlpost.engine.logging_ import MetricsLogger
+from rlpost.engine.phases import STEP_PHASES, PhaseTimer
 from rlpost.engine.recipe import Recipe, state_breaking_changes
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.sharding import STREAM_MINIBATCH, STREAM_ROLLOUT, GroupSharding, LocalSharding, stream_generator
@@ -57,6 +57,10 @@ __all__ = ["Runner"]
 
 class Runner:
     """Drives a recipe's components through ``run.max_steps`` training steps.
+
+    :meth:`run` is the whole life of a run; a driver that schedules steps itself (``rlpost bench`` interleaves
+    several runners) uses the same pieces: :meth:`begin`, then :meth:`step` (and :meth:`evaluate`,
+    :meth:`save_checkpoint`) as it sees fit, then :meth:`finish` with the final status, also on failure.
 
     Args:
         recipe: A validated recipe (see :func:`rlpost.engine.recipe.load_recipe`).
@@ -83,6 +87,8 @@ class Runner:
         self.evaluator: Evaluator | None = None
         self.logger: MetricsLogger | None = None
         self.last_saved_step = -1
+        self.phases = PhaseTimer()
+        """Wall time of each step phase and of evaluations (:mod:`rlpost.engine.phases`)."""
 
     # ------------------------------------------------------------------------------------------------ set-up
 
@@ -212,40 +218,34 @@ class Runner:
         return RewardScores(scores=scores, weights=dict(self.recipe.reward_weights))
 
     def step(self) -> dict[str, float]:
-        """One training step; returns its metrics (identical on every rank)."""
+        """One training step; returns its metrics (identical on every rank). Each phase is timed in
+        :attr:`phases` (:mod:`rlpost.engine.phases`)."""
         assert self.stream is not None and self.backend is not None, "call setup() first"
-        r, t, shard = self.recipe, {"start": time.perf_counter()}, self.shard
+        r, shard, timed = self.recipe, self.shard, self.phases.timed
+        self.phases.start_step()
         self.guards.begin_step()
-        batch = shard.next_batch(self.stream, r.run.groups_per_step, r.run.samples_per_group)
-        with torch.no_grad():
-            rollout = shard.rollout(r.sampler, r.model, batch, self.ctx.step)
-        self._guard_log_probs(rollout)
-        t["rollout"] = time.perf_counter()
+        with timed("rollout"):
+            batch = shard.next_batch(self.stream, r.run.groups_per_step, r.run.samples_per_group)
+            with torch.no_grad():
+                rollout = shard.rollout(r.sampler, r.model, batch, self.ctx.step)
+            self._guard_log_probs(rollout)
         self.host.after_rollout(self.ctx, rollout)
-        scores = self.score(rollout)  # each rank scores its own samples
-        t["reward"] = time.perf_counter()
+        with timed("reward"):
+            scores = self.score(rollout)  # each rank scores its own samples
         self.host.after_rewards(self.ctx, rollout, scores)
         view = shard.gather(rollout, scores, self.guards)  # whole groups of every rank (the rollout itself locally)
         adv_metrics: dict[str, float] = {}
         update: dict[str, float] = {}
         if not self.guards.tripped:  # a non-finite reward poisons its group's advantages: skip the update
-            advantages = view.local(self._guard_advantages(r.advantage.estimate(view.rollout, view.scores)))
+            with timed("advantage"):
+                advantages = view.local(self._guard_advantages(r.advantage.estimate(view.rollout, view.scores)))
             self.host.after_advantages(self.ctx, rollout, advantages)
-            t["advantage"], adv_metrics = time.perf_counter(), advantages.metrics
-            ctx = UpdateContext(
-                r.model,
-                r.sampler,
-                rollout,
-                advantages,
-                self.backend,
-                shard.minibatch_generator(self.ctx.step),
-                self.ctx.step,
-            )
-            update = shard.reduce(r.optimizer.update(ctx))
+            adv_metrics, gen = advantages.metrics, shard.minibatch_generator(self.ctx.step)
+            with timed("update"):
+                ctx = UpdateContext(r.model, r.sampler, rollout, advantages, self.backend, gen, self.ctx.step)
+                update = shard.reduce(r.optimizer.update(ctx))
             self._guard_update(update)
-        t.setdefault("advantage", time.perf_counter())
-        t["update"] = time.perf_counter()
-        metrics = self._metrics(view.rollout, view.scores, adv_metrics, update, t) | self.guards.metrics()
+        metrics = self._metrics(view.rollout, view.scores, adv_metrics, update) | self.guards.metrics()
         self.ctx.step += 1
         self.ctx.history.append(metrics)
         if self.ema is not None:
@@ -302,9 +302,8 @@ class Runner:
         if self.logger is not None:
             self.logger.log_image(self.ctx.step, "samples/grid", grid)
 
-    @staticmethod
     def _metrics(
-        rollout: Rollout, scores: RewardScores, adv: dict[str, float], update: dict[str, float], t: dict[str, float]
+        self, rollout: Rollout, scores: RewardScores, adv: dict[str, float], update: dict[str, float]
     ) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for name, values in scores.scores.items():
@@ -314,11 +313,9 @@ class Runner:
         metrics.update(update)
         metrics.update(rollout.stats)
         metrics["perf/images"] = float(rollout.num_samples)
-        metrics["perf/rollout_sec"] = t["rollout"] - t["start"]
-        metrics["perf/reward_sec"] = t["reward"] - t["rollout"]
-        metrics["perf/advantage_sec"] = t["advantage"] - t["reward"]
-        metrics["perf/update_sec"] = t["update"] - t["advantage"]
-        metrics["perf/step_sec"] = t["update"] - t["start"]
+        for phase in STEP_PHASES:  # a skipped phase (no update after a guard trip) took no time
+            metrics[f"perf/{phase}_sec"] = self.phases.current.get(phase, 0.0)
+        metrics["perf/step_sec"] = self.phases.step_elapsed()
         if torch.cuda.is_available():
             metrics["perf/peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
         # ru_maxrss is KiB on Linux, bytes on macOS.
@@ -483,7 +480,7 @@ class Runner:
         """Held-out evaluation at the current step (EMA weights when enabled); empty without an ``eval`` section."""
         if self.evaluator is None:
             return {}
-        with self._published_weights():
+        with self.phases.timed("eval"), self._published_weights():
             metrics = self.evaluator.evaluate(self.ctx.step, self.ctx.is_main_process)
         if self.logger is not None:
             self.logger.log_trackers(self.ctx.step, metrics)
@@ -502,10 +499,35 @@ class Runner:
         if (every > 0 and step % every == 0) or (last and r.checkpoint.at_end):
             self.save_checkpoint("end" if last else "periodic")
 
-    def run(self) -> list[dict[str, float]]:
-        """Set up, run every step, and call ``rlpost_after_run`` with the final status (also on failure)."""
+    def begin(self) -> None:
+        """Start the run: :meth:`setup`, then ``rlpost_before_run``. Pair with :meth:`finish`."""
         self.setup()
         self.host.before_run(self.ctx)
+
+    def finish(self, status: str) -> None:
+        """End the run with ``status`` (``"completed"``, ``"failed"`` or ``"interrupted"``): write the summary (main
+        process), close the metric sinks and call ``rlpost_after_run``. Call it from a ``finally`` after
+        :meth:`begin` succeeded.
+
+        Raises:
+            PluginRuntimeError: An ``rlpost_after_run`` implementation failed after a completed run. When the run
+                is already failing, that failure is the one to report: the plugin's becomes a warning.
+        """
+        if self.ctx.is_main_process:
+            self.rundir.write_summary(status, self.ctx.step, self.ctx.history)
+        if self.logger is not None:
+            self.logger.close()
+        try:
+            self.host.after_run(self.ctx, status)
+        except PluginRuntimeError as exc:
+            if status == "completed":
+                raise
+            warnings.warn(f"{exc} (while the run was {status})", UserWarning, stacklevel=2)
+
+    def run(self) -> list[dict[str, float]]:
+        """:meth:`begin`, evaluate the start, run every step with its periodic evaluations and checkpoints, and
+        :meth:`finish` with the final status (also on failure)."""
+        self.begin()
         status = "failed"
         try:
             if self.ctx.step == 0 and self.evaluator is not None:
@@ -518,17 +540,7 @@ class Runner:
             status = "interrupted"
             raise
         finally:
-            if self.ctx.is_main_process:
-                self.rundir.write_summary(status, self.ctx.step, self.ctx.history)
-            if self.logger is not None:
-                self.logger.close()
-            try:
-                self.host.after_run(self.ctx, status)
-            except PluginRuntimeError as exc:
-                if status == "completed":
-                    raise
-                # The run is already failing: its own error is the one to report; this one is a warning.
-                warnings.warn(f"{exc} (while the run was {status})", UserWarning, stacklevel=2)
+            self.finish(status)
         return self.ctx.history
 
 

@@ -1,8 +1,9 @@
-"""Policy model adapters (SD3 on diffusers) and tiny real-architecture test models."""
+"""Policy model adapters (SD3 and FLUX.1 on diffusers) and tiny real-architecture test models."""
 
 from __future__ import annotations
 
 from rlpost.models._common import LoraSpec, ModelDirError
+from rlpost.models.flux import FluxPolicy
 from rlpost.models.sd3 import SD3Policy
 
-__all__ = ["LoraSpec", "ModelDirError", "SD3Policy"]
+__all__ = ["FluxPolicy", "LoraSpec", "ModelDirError", "SD3Policy"]

@@ -1,4 +1,4 @@
-"""Model-agnostic helpers for diffusers-backed policy adapters (SD3 today, FLUX next).
+"""Model-agnostic helpers for diffusers-backed policy adapters (SD3, FLUX.1; docs/models.md "Adding a model family").
 
 Kept as functions and small classes (composition, not a base class) so a new adapter reuses them without inheriting
 behaviour it cannot see: model-directory checks with clear errors, the dtype policy, the LoRA spec, and a per-prompt

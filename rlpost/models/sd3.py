@@ -2,8 +2,8 @@
 
 Everything SD3 specific lives here: loading ``StableDiffusion3Pipeline``, prompt encoding with its three text
 encoders, the ``SD3Transformer2DModel`` call signature, the latent shape and the VAE scaling/shift. Samplers see only
-``sigmas`` / ``initial_noise`` / ``encode`` / ``velocity`` / ``decode``; a FLUX adapter is another module of this
-shape (see ``docs/models.md``).
+``sigmas`` / ``initial_noise`` / ``encode`` / ``velocity`` / ``decode``; the FLUX adapter (``rlpost/models/flux.py``)
+is another module of this shape (see ``docs/models.md``).
 
 With the Euler ODE kernel and the default ``time_grid="diffusers"``, sampling through this adapter reproduces
 ``StableDiffusion3Pipeline.__call__`` exactly (same schedule, timestep ``1000·σ``, the pipeline's CFG formula and
@@ -39,7 +39,7 @@ from rlpost.models._common import (
     resolve_dtype,
 )
 from rlpost.models.tiny import ensure_tiny_sd3, parse_tiny_id
-from rlpost.ops.schedules import TIME_GRIDS, TimeGrid, time_grid_sigmas, timesteps_from_sigmas
+from rlpost.ops.schedules import TIME_GRIDS, TimeGrid, clean_tail_steps, time_grid_sigmas, timesteps_from_sigmas
 
 __all__ = ["LoraSpec", "SD3Policy", "rlpost_register_models"]
 
@@ -119,6 +119,11 @@ class SD3Policy(Policy):
     def do_cfg(self) -> bool:
         """Whether classifier-free guidance is on (``guidance_scale > 1``, the pipeline's rule)."""
         return self.guidance_scale > 1.0
+
+    def clean_tail_steps(self) -> int | None:
+        """Final steps of the recipe's grid that land on a (near-)clean level (:func:`clean_tail_steps`); ``None``
+        for an unknown grid name (``validate`` reports that)."""
+        return clean_tail_steps(self.time_grid) if self.time_grid in TIME_GRIDS else None
 
     def validate(self, recipe: Any) -> list[str]:
         """Check the settings, the model directory (local, or a hub id's snapshot in the local cache) and that the

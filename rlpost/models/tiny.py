@@ -1,4 +1,4 @@
-"""Tiny, randomly initialised Stable Diffusion 3 pipelines with the *real* diffusers/transformers architecture.
+"""Tiny, randomly initialised SD3 and FLUX.1 pipelines with the *real* diffusers/transformers architecture.
 
 Tests, examples and CPU benchmarks need an SD3 model without downloading weights. :func:`build_tiny_sd3` builds a
 ``StableDiffusion3Pipeline`` from small configs (VAE scale factor 2, patch 2, ``pos_embed_max_size`` small, so the
@@ -14,7 +14,9 @@ The result is written with ``save_pretrained`` so callers load it through the pr
 
 Command line::
 
-    python -m rlpost.models.tiny OUT_DIR [--seed 0] [--sample-size 32]
+    python -m rlpost.models.tiny OUT_DIR [--seed 0] [--sample-size 32] [--family sd3|flux]
+
+:func:`build_tiny_flux` builds a ``FluxPipeline`` the same way (FLUX.1-dev's transformer structure at tiny width).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ __all__ = [
     "assemble_sd3_pipeline",
     "build_clip_tokenizer",
     "build_text_encoders",
+    "build_tiny_flux",
     "build_tiny_sd3",
+    "ensure_tiny_flux",
     "main",
     "sd3_tokenizers",
     "t5_vocab",
@@ -305,6 +309,102 @@ def build_tiny_sd3(
     return out_dir
 
 
+def build_tiny_flux(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    sample_size: int = 32,
+    num_layers: int = 1,
+    num_single_layers: int = 1,
+    vae_blocks: int = 2,
+    clip_merges: int = 1000,
+    guidance_embeds: bool = True,
+) -> Path:
+    """Build and save a tiny random-weight ``FluxPipeline`` (real FLUX.1 architecture, about 1 MB).
+
+    The transformer is a ``FluxTransformer2DModel`` with FLUX.1-dev's structure (double-stream then single-stream
+    blocks, 3-axis RoPE, the guidance embedding of the guidance-distilled dev model) at tiny width; the VAE has
+    4 latent channels, so the 2x2-packed transformer input has 16 channels. Text encoders are a ``CLIPTextModel``
+    (pooled output) and a ``T5EncoderModel`` with the locally built tokenizers of :func:`build_tiny_sd3`. The
+    scheduler uses FLUX.1's dynamic shifting configuration (``use_dynamic_shifting``, base/max shift 0.5/1.15 over
+    256..4096 image tokens, as in ``black-forest-labs/FLUX.1-dev`` ``scheduler/scheduler_config.json``).
+
+    Args:
+        out_dir: Directory to write the pipeline into.
+        seed: Seed for the random weights.
+        sample_size: Default image size in pixels (a multiple of twice the VAE factor).
+        num_layers: Double-stream (MMDiT) blocks.
+        num_single_layers: Single-stream blocks.
+        vae_blocks: VAE encoder/decoder blocks; the VAE scale factor is ``2**(vae_blocks-1)``.
+        clip_merges: BPE merges kept in the CLIP tokenizer.
+        guidance_embeds: Whether the transformer takes the distilled guidance scale as an input (FLUX.1-dev: yes;
+            FLUX.1-schnell: no).
+
+    Returns:
+        ``out_dir``.
+    """
+    diffusers: Any = importlib.import_module("diffusers")
+    transformers: Any = importlib.import_module("transformers")
+
+    out_dir = Path(out_dir)
+    clip_tok, vocab_size = build_clip_tokenizer(clip_merges, max_length=77)
+    t5_tok = transformers.T5Tokenizer(vocab=t5_vocab(), extra_ids=0, model_max_length=512)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = diffusers.FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=16,  # 4 latent channels x 2x2 packing
+            num_layers=num_layers,
+            num_single_layers=num_single_layers,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            joint_attention_dim=32,  # T5 width
+            pooled_projection_dim=32,  # CLIP pooled width
+            guidance_embeds=guidance_embeds,
+            axes_dims_rope=(2, 2, 4),  # sums to attention_head_dim, as FLUX.1's (16, 56, 56) sums to 128
+        )
+        te1, _, te2 = build_text_encoders(vocab_size, len(t5_tok))
+        # FLUX's CLIP is a CLIPTextModel (pooled output, no projection); rebuild it from the same config.
+        te1 = transformers.CLIPTextModel(te1.config)
+        vae = diffusers.AutoencoderKL(
+            sample_size=sample_size,
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(4,) * vae_blocks,
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=1,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            shift_factor=0.1159,  # FLUX.1's VAE constants
+            scaling_factor=0.3611,
+            down_block_types=("DownEncoderBlock2D",) * vae_blocks,
+            up_block_types=("UpDecoderBlock2D",) * vae_blocks,
+        )
+    for module in (transformer, te1, te2, vae):
+        module.eval()  # see module docstring: dropout in train mode breaks the save/load round trip
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+    pipe = diffusers.FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=te1,
+        tokenizer=clip_tok,
+        text_encoder_2=te2,
+        tokenizer_2=t5_tok,
+        transformer=transformer,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pipe.save_pretrained(str(out_dir))
+    return out_dir
+
+
 TINY_PREFIX = "tiny-random"
 
 
@@ -328,18 +428,13 @@ def parse_tiny_id(name: str) -> int | None:
         raise ValueError(f"model id {name!r}: expected 'tiny-random' or 'tiny-random:<integer seed>'") from None
 
 
-def ensure_tiny_sd3(seed: int = 0, root: Path | None = None) -> Path:
-    """Build the ``tiny-random:<seed>`` pipeline into the cache once (atomically: build, then rename) and return it.
-
-    The result is an ordinary ``save_pretrained`` directory, loaded through ``StableDiffusion3Pipeline.from_pretrained``
-    like any other model.
-    """
-    target = (root or cache_root()) / f"tiny-sd3-seed{seed}"
+def _ensure_built(name: str, build: Any, seed: int, root: Path | None) -> Path:
+    target = (root or cache_root()) / f"{name}-seed{seed}"
     if (target / "model_index.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-        build_tiny_sd3(Path(tmp) / "model", seed=seed)
+        build(Path(tmp) / "model", seed=seed)
         try:
             os.replace(Path(tmp) / "model", target)
         except OSError:
@@ -348,15 +443,35 @@ def ensure_tiny_sd3(seed: int = 0, root: Path | None = None) -> Path:
     return target
 
 
+def ensure_tiny_sd3(seed: int = 0, root: Path | None = None) -> Path:
+    """Build the ``tiny-random:<seed>`` SD3 pipeline into the cache once (atomically: build, then rename) and return
+    it.
+
+    The result is an ordinary ``save_pretrained`` directory, loaded through ``StableDiffusion3Pipeline.from_pretrained``
+    like any other model.
+    """
+    return _ensure_built("tiny-sd3", build_tiny_sd3, seed, root)
+
+
+def ensure_tiny_flux(seed: int = 0, root: Path | None = None) -> Path:
+    """Build the ``tiny-random:<seed>`` FLUX pipeline (:func:`build_tiny_flux`) into the cache once and return it.
+
+    ``FluxPolicy(pretrained="tiny-random")`` loads it through ``FluxPipeline.from_pretrained``.
+    """
+    return _ensure_built("tiny-flux", build_tiny_flux, seed, root)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Command-line entry: build a tiny SD3 pipeline into a directory."""
-    parser = argparse.ArgumentParser(description="Build a tiny random-weight SD3 pipeline (real architecture).")
+    """Command-line entry: build a tiny SD3 or FLUX pipeline into a directory."""
+    parser = argparse.ArgumentParser(description="Build a tiny random-weight SD3 or FLUX pipeline (real architecture).")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sample-size", type=int, default=32)
     parser.add_argument("--num-layers", type=int, default=1)
+    parser.add_argument("--family", choices=("sd3", "flux"), default="sd3", help="model family to build")
     args = parser.parse_args(argv)
-    path = build_tiny_sd3(args.out_dir, seed=args.seed, sample_size=args.sample_size, num_layers=args.num_layers)
+    build = build_tiny_flux if args.family == "flux" else build_tiny_sd3
+    path = build(args.out_dir, seed=args.seed, sample_size=args.sample_size, num_layers=args.num_layers)
     print(path)
 
 

@@ -8,15 +8,25 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlpost.models.flux import FluxPolicy
 from rlpost.models.sd3 import LoraSpec, SD3Policy
 from rlpost.ops.kernels import make_kernel
 
 pytestmark = pytest.mark.gpu
 
+# family -> (policy class, tiny model fixture, guidance scale, tiny TreeGRPO recipe)
+FAMILIES = {
+    "sd3": (SD3Policy, "tiny_sd3_dir", 4.5, "recipes/tiny/treegrpo.yaml"),
+    "flux": (FluxPolicy, "tiny_flux_dir", 3.5, "recipes/tiny/treegrpo_flux.yaml"),
+}
 
-def test_bf16_weights_give_fp32_velocity_and_ratio_one(tiny_sd3_dir):
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_bf16_weights_give_fp32_velocity_and_ratio_one(family, request):
     """bf16 weights on CUDA with fp32 log-prob math: recomputing a stored step gives an importance ratio of 1."""
-    policy = SD3Policy(pretrained=str(tiny_sd3_dir), resolution=32, guidance_scale=4.5, lora=LoraSpec(rank=4, alpha=4))
+    cls, fixture, guidance, _ = FAMILIES[family]
+    model_dir = request.getfixturevalue(fixture)
+    policy = cls(pretrained=str(model_dir), resolution=32, guidance_scale=guidance, lora=LoraSpec(rank=4, alpha=4))
     policy.setup(torch.device("cuda"))
     assert policy.weight_dtype == torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -35,17 +45,20 @@ def test_bf16_weights_give_fp32_velocity_and_ratio_one(tiny_sd3_dir):
     torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0)
 
 
-def test_tiny_tree_training_step_on_cuda(tiny_sd3_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tiny_tree_training_step_on_cuda(family, request, tmp_path, monkeypatch):
     """Two TreeGRPO iterations of the tiny recipe on CUDA (bf16 weights) run and keep metrics finite."""
     import json
     from pathlib import Path
 
     from rlpost.apps import cli
 
+    _, fixture, _, recipe = FAMILIES[family]
+    model_dir = request.getfixturevalue(fixture)
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)
     out = tmp_path / "run"
-    rc = cli.main(["train", "--recipe", "recipes/tiny/treegrpo.yaml", "--model.pretrained", str(tiny_sd3_dir),
+    rc = cli.main(["train", "--recipe", recipe, "--model.pretrained", str(model_dir),
                    "--model.dtype", "auto", "--run.device", "cuda", "--run.output_dir", str(out),
                    "--run.max_steps", "2"])
     assert rc == 0

@@ -37,6 +37,7 @@ GUARANTEES: dict[str, tuple[str, str]] = {
         "docs/models.md",
         "`sd3_sigmas` equals `FlowMatchEulerDiscreteScheduler(shift=s).set_timesteps(T).sigmas` bit for bit",
     ),
+    "flux-schedules": ("docs/models.md", "`sigmas(T)` equals the pipeline scheduler's sigmas bit for bit"),
     "zero-advantage": ("docs/rewards.md", "A singleton or constant group gives **exactly 0**"),
     "distributed": ("docs/distributed.md", "The result equals the single-rank one exactly"),
     "log-prob": ("docs/design.md", "keeps the log-prob function identical at both ends"),
@@ -171,6 +172,22 @@ ALLOWED: dict[tuple[str, str], str] = {
     ): "log-prob",
     # schedules equal diffusers' bit for bit (same arithmetic)
     ("tests/unit/models/test_sd3.py", "assert torch.equal(policy.sigmas(10), sd3_sigmas(10, 3.0))"): "schedules",
+    # FLUX: packing is views and permutes; the adapter's noise is the pipeline's draw, reshaped; FluxPolicy.sigmas
+    # hands linspace to the pipeline's own scheduler class; cached prompt rows are copies
+    ("tests/unit/models/test_flux.py", "assert torch.equal(packed, FluxPipeline._pack_latents(x, 2, 4, 8, 6))"): "no-arithmetic",
+    ("tests/unit/models/test_flux.py", "assert torch.equal(unpack_latents(packed, 8, 6), x)"): "no-arithmetic",
+    ("tests/unit/models/test_flux.py", "assert torch.equal(FluxPipeline._unpack_latents(packed, 16, 12, 2), x)"): "no-arithmetic",
+    ("tests/unit/models/test_flux.py", "assert torch.equal(pack_latents(ours), packed)"): "one-machine",
+    ("tests/unit/models/test_flux.py", "assert torch.equal(policy.sigmas(7), pipe.scheduler.sigmas)"): "flux-schedules",
+    (
+        "tests/unit/models/test_flux.py",
+        "assert torch.equal(static.sigmas(7), shifted_linspace_sigmas(7, 3.0))  # the config's shift, DanceGRPO's 3",
+    ): "one-machine",
+    ("tests/unit/models/test_flux.py", "assert torch.equal(two.sigmas(3), shifted_linspace_sigmas(3, 2.0))"): "one-machine",
+    (
+        "tests/unit/models/test_flux.py",
+        'assert torch.equal(c1.tensors["prompt_embeds"][0], c2.tensors["prompt_embeds"][2])',
+    ): "no-arithmetic",
     ("tests/unit/ops/test_schedules.py", "assert torch.equal(ours, sched.sigmas)"): "schedules",
     (
         "tests/unit/ops/test_schedules.py",

@@ -19,6 +19,7 @@ import yaml
 from rlpost.apps import cli
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, merge_sources, validate
+from rlpost.models.flux import FluxPolicy
 from rlpost.models.sd3 import SD3Policy
 from tests.weights_standins import hub_dataset_standin, standin_weights  # noqa: F401 - fixture
 
@@ -37,7 +38,8 @@ def host() -> PluginHost:
 
 @pytest.fixture(autouse=True)
 def no_weights(monkeypatch):
-    monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
+    for policy in (SD3Policy, FluxPolicy):
+        monkeypatch.setattr(policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
 
 
 def _hub_sources(*recipes: Path) -> list[tuple[str, str, list[str], str]]:

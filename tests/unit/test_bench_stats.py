@@ -1,4 +1,4 @@
-"""``rlpost.bench_stats``: bootstrap intervals over seeds, ratios, and the separated / not separated rule."""
+"""``rlpost.bench.stats``: bootstrap intervals over seeds, ratios, and the separated / not separated rule."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlpost import bench_stats as bs
+from rlpost.bench import stats as bs
 
 
 def test_summarize_three_seeds_known_interval() -> None:

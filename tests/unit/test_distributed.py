@@ -72,9 +72,11 @@ def test_ema_with_zero3_nvme_parameter_offload_is_rejected(tmp_path, monkeypatch
 # ------------------------------------------------------------------------------ gathered advantages (in-process)
 
 
-def _tree_recipe(tiny_sd3_dir: Path, out: Path, host: PluginHost, **distributed: Any) -> Any:
-    cfg = yaml.safe_load((ROOT / "recipes/tiny/treegrpo.yaml").read_text())
-    cfg["model"]["init_args"]["pretrained"] = str(tiny_sd3_dir)
+def _tree_recipe(
+    model_dir: Path, out: Path, host: PluginHost, recipe: str = "recipes/tiny/treegrpo.yaml", **distributed: Any
+) -> Any:
+    cfg = yaml.safe_load((ROOT / recipe).read_text())
+    cfg["model"]["init_args"]["pretrained"] = str(model_dir)
     cfg["run"].update({"output_dir": str(out), "progress": False})
     if distributed:
         cfg["distributed"] = distributed
@@ -194,12 +196,20 @@ def _assert_metrics_close(a: list[dict[str, float]], b: list[dict[str, float]]) 
             assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-7), key
 
 
-@pytest.fixture(scope="module")
-def two_rank_zero2(tiny_sd3_dir, tmp_path_factory):
-    """Two TreeGRPO iterations on two CPU ranks with ZeRO-2, a checkpoint after each."""
-    tmp = tmp_path_factory.mktemp("ds")
+# Model family -> (tiny model fixture, tiny TreeGRPO recipe): the distributed path is family agnostic.
+_FAMILIES = {
+    "sd3": ("tiny_sd3_dir", "recipes/tiny/treegrpo.yaml"),
+    "flux": ("tiny_flux_dir", "recipes/tiny/treegrpo_flux.yaml"),
+}
+
+
+@pytest.fixture(scope="module", params=list(_FAMILIES))
+def two_rank_zero2(request, tmp_path_factory):
+    """Two TreeGRPO iterations on two CPU ranks with ZeRO-2, a checkpoint after each (tiny SD3 and tiny FLUX)."""
+    fixture, recipe = _FAMILIES[request.param]
+    tmp = tmp_path_factory.mktemp(f"ds-{request.param}")
     host = PluginHost()
-    cfg = _tree_recipe(tiny_sd3_dir, tmp / "two", host, zero_stage=2)
+    cfg = _tree_recipe(request.getfixturevalue(fixture), tmp / "two", host, recipe, zero_stage=2)
     cfg["checkpoint"] = {"every": 1, "keep_last": 0}
     _launch(_write(tmp, "two", cfg), 2)
     return tmp, cfg

@@ -64,6 +64,9 @@ def test_exported_lora_loads_into_fresh_pipeline_and_reproduces_eval(lora_run, t
     assert card.data.base_model_relation == "adapter"
     assert {"lora", "text-to-image", "diffusers", "rlpost", "sd3", "tests.toy_components"} <= set(card.data.tags)
     assert card.data.license == "other"  # the tiny pipeline has no model card of its own
+    # `rlpost export --license` sets the card's license.
+    assert cli.main(["export", "--run", str(run), "--out", str(tmp_path / "e2"), "--license", "apache-2.0"]) == 0
+    assert ModelCard.load(tmp_path / "e2" / "README.md").data.license == "apache-2.0"
     assert "sampler=toy-chain" in card.text and "toy-brightness" in card.text and "| 2 |" in card.text
     pipe = StableDiffusion3Pipeline.from_pretrained(str(tiny_sd3_dir), torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)

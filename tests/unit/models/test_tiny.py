@@ -1,4 +1,4 @@
-"""The tiny SD3 builder: real architecture, deterministic, small, loadable through from_pretrained."""
+"""The tiny SD3 and FLUX builders: real architecture, deterministic, small, loadable through from_pretrained."""
 
 from __future__ import annotations
 
@@ -46,3 +46,24 @@ def test_clip_tokenizer_files(tmp_path: Path) -> None:
 def test_cli(tmp_path: Path, capsys: object) -> None:
     main([str(tmp_path / "cli"), "--seed", "3"])
     assert (tmp_path / "cli" / "transformer" / "config.json").is_file()
+
+
+def test_tiny_flux_pipeline_loads_and_is_small(tiny_flux_dir: Path) -> None:
+    from diffusers import FluxPipeline
+
+    assert _dir_size(tiny_flux_dir) < 3_000_000
+    pipe = FluxPipeline.from_pretrained(str(tiny_flux_dir), local_files_only=True)
+    assert pipe.vae_scale_factor == 2 and pipe.transformer.config.in_channels == 4 * pipe.vae.config.latent_channels
+    assert pipe.transformer.config.guidance_embeds and pipe.scheduler.config.use_dynamic_shifting
+    assert len(pipe.transformer.transformer_blocks) == 1 and len(pipe.transformer.single_transformer_blocks) == 1
+    for m in (pipe.transformer, pipe.vae, pipe.text_encoder, pipe.text_encoder_2):
+        assert not m.training
+    assert type(pipe.text_encoder).__name__ == "CLIPTextModel"  # FLUX uses CLIP's pooled output, no projection
+
+
+def test_tiny_flux_builder_is_deterministic_and_has_a_cli(tiny_flux_dir: Path, tmp_path: Path) -> None:
+    main([str(tmp_path / "again"), "--family", "flux"])
+    name = "transformer/diffusion_pytorch_model.safetensors"
+    a, b = (load_file(str(d / name)) for d in (tiny_flux_dir, tmp_path / "again"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
