@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from rlpost.core.api import Conditioning, Policy
 from rlpost.core.hookspecs import hookimpl
+from rlpost.core.registry import Registry
 from rlpost.models._common import (
     DTypeName,
     LoraSpec,
@@ -507,6 +508,6 @@ def _quiet_hf_progress_bars() -> None:
 
 
 @hookimpl
-def rlpost_register_models(register: Any) -> None:
+def rlpost_register_models(register: Registry[Policy]) -> None:
     """Register :class:`FluxPolicy` (short name ``flux``)."""
     register(FluxPolicy)
