@@ -347,8 +347,7 @@ def build_tiny_flux(
     transformers: Any = importlib.import_module("transformers")
 
     out_dir = Path(out_dir)
-    clip_tok, vocab_size = build_clip_tokenizer(clip_merges, max_length=77)
-    t5_tok = transformers.T5Tokenizer(vocab=t5_vocab(), extra_ids=0, model_max_length=512)
+    clip_tok, vocab_size, t5_tok = sd3_tokenizers(clip_merges=clip_merges, clip_max_length=77, t5_max_length=512)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         transformer = diffusers.FluxTransformer2DModel(
