@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -111,68 +110,28 @@ def build_random_sd35(out_dir: Path, num_layers: int | None = None, device: str 
     if (out_dir / "model_index.json").is_file():
         return out_dir
     diffusers: Any = importlib.import_module("diffusers")
-    transformers: Any = importlib.import_module("transformers")
-    from rlpost.models.tiny import _t5_vocab, write_clip_tokenizer_files
+    from rlpost.models.tiny import assemble_sd3_pipeline, build_text_encoders, sd3_tokenizers
 
     cfg = dict(SD35_MEDIUM_TRANSFORMER)
     if num_layers is not None:
         cfg["num_layers"] = num_layers
         cfg["dual_attention_layers"] = [i for i in cfg["dual_attention_layers"] if i < num_layers]
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab = write_clip_tokenizer_files(Path(tmp), 1000)
-        clip_tok = transformers.CLIPTokenizer(
-            vocab=str(Path(tmp) / "vocab.json"), merges=str(Path(tmp) / "merges.txt"), model_max_length=77
-        )
-    t5_tok = transformers.T5Tokenizer(vocab=_t5_vocab(), extra_ids=0, model_max_length=256)
+    clip_tok, vocab, t5_tok = sd3_tokenizers(clip_merges=1000, clip_max_length=77, t5_max_length=256)
 
-    def clip(hidden: int, heads: int) -> Any:
-        return transformers.CLIPTextModelWithProjection(
-            transformers.CLIPTextConfig(
-                bos_token_id=vocab - 2,
-                eos_token_id=vocab - 1,
-                pad_token_id=vocab - 1,
-                hidden_size=hidden,
-                intermediate_size=4 * hidden,
-                num_attention_heads=heads,
-                num_hidden_layers=1,
-                vocab_size=vocab,
-                projection_dim=hidden,
-                max_position_embeddings=77,
-                hidden_act="gelu",
-            )
-        )
+    def clip(hidden: int, heads: int) -> dict[str, int]:
+        return dict(hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=heads, num_hidden_layers=1,
+                    projection_dim=hidden)
 
     torch.manual_seed(0)
     with torch.device(device):
         transformer = diffusers.SD3Transformer2DModel(**cfg).to(torch.bfloat16)
         vae = diffusers.AutoencoderKL(**SD35_VAE)
-        te1, te2 = clip(768, 12), clip(1280, 20)
-        te3 = transformers.T5EncoderModel(
-            transformers.T5Config(
-                vocab_size=len(t5_tok),
-                d_model=4096,
-                d_kv=64,
-                d_ff=10240,
-                num_layers=1,
-                num_heads=64,
-                decoder_start_token_id=0,
-                pad_token_id=0,
-                eos_token_id=1,
-            )
+        # SD3.5-sized text encoders (one layer each): the tiny stack with SD3.5's widths.
+        t5 = dict(d_model=4096, d_kv=64, d_ff=10240, num_heads=64, relative_attention_num_buckets=32)
+        te1, te2, te3 = build_text_encoders(
+            vocab, len(t5_tok), clip_overrides=(clip(768, 12), clip(1280, 20)), t5_overrides=t5
         )
-    for m in (transformer, vae, te1, te2, te3):
-        m.eval()
-    pipe = diffusers.StableDiffusion3Pipeline(
-        transformer=transformer,
-        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=vae,
-        text_encoder=te1,
-        tokenizer=clip_tok,
-        text_encoder_2=te2,
-        tokenizer_2=clip_tok,
-        text_encoder_3=te3,
-        tokenizer_3=t5_tok,
-    )
+    pipe = assemble_sd3_pipeline(transformer, vae, (te1, te2, te3), clip_tok, t5_tok, shift=3.0)
     out_dir.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out_dir))
     return out_dir

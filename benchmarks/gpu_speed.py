@@ -15,9 +15,9 @@ check without downloads must change: the model is a random-weight pipeline of th
 does not depend on weight values; :func:`gpu_sd35.build_random_sd35`), the reward is ``jpeg-compressibility`` (the
 HPS-v2.1 checkpoint cannot be fetched; the reward is <1% of an iteration), prompts are a fixed list, the run is one
 process without DeepSpeed, and ``groups_per_step`` is small (``--groups``; the presets use 32 over 8 GPUs). It then
-runs ``--iterations`` training steps through :class:`rlpost.runner.Runner` (CUDA-synchronised wall time per step),
-drops the first step (CUDA/cuBLAS warm-up) from the mean, and records ``torch.cuda.max_memory_allocated`` over the
-whole run, in a fresh process so that no other algorithm's weights or caches count towards it.
+runs ``--iterations`` training steps through :class:`rlpost.engine.runner.Runner` (CUDA-synchronised wall time per
+step), drops the first step (CUDA/cuBLAS warm-up) from the mean, and records ``torch.cuda.max_memory_allocated`` over
+the whole run, in a fresh process so that no other algorithm's weights or caches count towards it.
 
 FLUX presets (``*-flux``: ``recipes/<algorithm>_flux.yaml``) run on a random-weight pipeline of the FLUX.1-dev
 architecture (12B transformer; :func:`gpu_flux.build_random_flux1`) at 512 px in bf16, with one more substitution:
@@ -89,7 +89,7 @@ def preset_config(
     preset: str, model_dir: str, groups: int, iterations: int, out_dir: str, device: str = "cuda", resolution: int = 512
 ) -> dict[str, Any]:
     """The shipped recipe of ``preset`` with the GPU-check substitutions listed in the module docstring."""
-    from rlpost.recipe import merge_sources
+    from rlpost.engine.recipe import merge_sources
 
     cfg = merge_sources([str(ROOT / PRESETS[preset]["recipe"])])
     cfg["run"].update(
@@ -110,9 +110,9 @@ def preset_config(
 
 def cmd_run(ns: argparse.Namespace) -> int:
     """Time ``--iterations`` steps of one preset and write a JSON record."""
-    from rlpost.plugins import get_host
-    from rlpost.recipe import validate
-    from rlpost.runner import Runner
+    from rlpost.core.plugins import get_host
+    from rlpost.engine.recipe import validate
+    from rlpost.engine.runner import Runner
 
     cuda = torch.cuda.is_available()
     if not cuda and not ns.allow_cpu:

@@ -1,15 +1,35 @@
 """rlpost: online RL post-training of text-to-image flow-matching models.
 
-Plugins import :data:`hookimpl` and the component base classes from here::
+This module is the declared plugin API (pytest's model, ``from pytest import ...``): everything a plugin may import
+is exported here, and first-party plugins import nothing else of rlpost (``tests/meta/test_import_graph.py``)::
 
     from rlpost import hookimpl, RewardSource
+
+What each name is and how stable it is: ``docs/writing_plugins.md``. The layers behind it (``rlpost.core``,
+``rlpost.ops``, ``rlpost.components``, ``rlpost.models``, ``rlpost.engine``, ``rlpost.apps``) are internal and may move;
+the names here may not without a deprecation.
 """
 
 from __future__ import annotations
 
-from rlpost.api import (
+from typing import TYPE_CHECKING, Any
+
+from rlpost.components.chain import (
+    DPM_SOLVER,
+    ChainPlan,
+    broadcast_to_edges,
+    chain_counts,
+    edge_sample_ids,
+    last_steps_kernels,
+    random_step_subset,
+    rollout_chains,
+    run_chains,
+    shared_or_independent_noise,
+)
+from rlpost.core.api import (
     AdvantageEstimator,
     Advantages,
+    Component,
     Conditioning,
     EdgeEval,
     Policy,
@@ -21,33 +41,91 @@ from rlpost.api import (
     TrainBackend,
     UpdateContext,
 )
-from rlpost.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
-from rlpost.hookspecs import hookimpl
+from rlpost.core.context import RecipeView, RunContext, RunSettings
+from rlpost.core.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
+from rlpost.core.hookspecs import hookimpl
+from rlpost.core.registry import Registry
+from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, dpm_solver_pp2_step, make_kernel
+from rlpost.ops.reward_mixing import constant_groups, mix_rewards
+from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
+from rlpost.ops.schedules import TIME_GRIDS, clean_tail_steps, shifted_tail_sigmas, subsampled_indices, time_shift
+
+if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/transformers
+    from rlpost.models.sd3 import SD3Policy
+    from rlpost.models.tiny import assemble_sd3_pipeline, build_text_encoders, sd3_tokenizers, t5_vocab
 
 __all__ = [
+    "DPM_SOLVER",
+    "TIME_GRIDS",
     "AdvantageEstimator",
     "Advantages",
+    "ChainPlan",
+    "Component",
     "Conditioning",
     "EdgeEval",
+    "EulerODE",
+    "LogProbReduction",
     "Policy",
     "PolicyOptimizer",
     "PromptBatch",
     "PromptSource",
+    "RecipeView",
+    "Registry",
     "RewardScores",
     "RewardSource",
     "Rollout",
+    "RolloutBuilder",
+    "RunContext",
+    "RunSettings",
+    "SD3Policy",
     "Sampler",
     "Stash",
     "StashKey",
     "StepCounts",
+    "StepKernel",
     "TrainBackend",
     "UpdateContext",
     "__version__",
+    "assemble_sd3_pipeline",
+    "broadcast_to_edges",
+    "build_text_encoders",
+    "chain_counts",
+    "clean_tail_steps",
+    "constant_groups",
+    "dpm_solver_pp2_step",
+    "edge_sample_ids",
+    "evaluate_edges",
+    "frontier_velocity",
     "hookimpl",
+    "last_steps_kernels",
+    "make_kernel",
+    "mix_rewards",
+    "random_step_subset",
+    "rollout_chains",
+    "run_chains",
+    "sd3_tokenizers",
+    "shared_or_independent_noise",
+    "shifted_tail_sigmas",
+    "subsampled_indices",
+    "t5_vocab",
+    "time_shift",
 ]
 
+# Exported names whose modules load on first access (PEP 562), so ``import rlpost`` stays cheap.
+_LAZY = {
+    "SD3Policy": "rlpost.models.sd3",
+    "assemble_sd3_pipeline": "rlpost.models.tiny",
+    "build_text_encoders": "rlpost.models.tiny",
+    "sd3_tokenizers": "rlpost.models.tiny",
+    "t5_vocab": "rlpost.models.tiny",
+}
 
-def __getattr__(name: str) -> str:
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     # Resolve the version lazily from the installed metadata (pluggy's pattern): importing rlpost stays cheap.
     if name == "__version__":
         import importlib.metadata

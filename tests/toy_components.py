@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from rlpost import hookimpl
-from rlpost.api import (
+from rlpost.core.api import (
     AdvantageEstimator,
     Advantages,
     Conditioning,
@@ -24,9 +24,9 @@ from rlpost.api import (
     Sampler,
     StepCounts,
 )
-from rlpost.contract import PromptBatch, RewardScores, Rollout
+from rlpost.core.contract import PromptBatch, RewardScores, Rollout
 from rlpost.ops.kernels import make_kernel
-from rlpost.sampling import RolloutBuilder, evaluate_edges
+from rlpost.ops.sampling import RolloutBuilder, evaluate_edges
 
 
 class ToyPolicy(Policy):

@@ -6,13 +6,11 @@ Registered through the ``rlpost`` entry-point group (``dancegrpo = "rlpost_dance
 
 from __future__ import annotations
 
-from typing import Any
-
-from rlpost.hookspecs import hookimpl
+from rlpost import Registry, Sampler, hookimpl
 
 
 @hookimpl
-def rlpost_register_samplers(register: Any) -> None:
+def rlpost_register_samplers(register: Registry[Sampler]) -> None:
     """Register :class:`~rlpost_dancegrpo.sampler.DanceGRPOSampler` (``dance``)."""
     from .sampler import DanceGRPOSampler
 

@@ -18,7 +18,7 @@ never reaches the reward (hence its ``--ignore_last`` flag). Here:
   the image (std ``η·sqrt(σ_{T-2} - σ_min)``, ≈ 0.16 for SD3.5 at 10 steps). The default ``"ode"`` keeps that step
   deterministic, so no grid scores a noisier image than upstream (``tests/plugins/test_residual_noise.py``);
   recipes on the shifted-linspace grid set ``"sde"`` to be upstream exactly. Validation refuses ``"sde"`` on a
-  model whose grid ends in ``σ_min`` (`rlpost.api.Policy.clean_tail_steps`).
+  model whose grid ends in ``σ_min`` (`rlpost.core.api.Policy.clean_tail_steps`).
 """
 
 from __future__ import annotations
@@ -28,17 +28,23 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
-from rlpost.components.chain import (
+from rlpost import (
     ChainPlan,
+    EdgeEval,
+    LogProbReduction,
+    Policy,
+    PromptBatch,
+    Rollout,
+    Sampler,
+    StepCounts,
+    StepKernel,
+    chain_counts,
+    evaluate_edges,
     last_steps_kernels,
+    make_kernel,
     random_step_subset,
-    run_chains,
-    shared_or_independent_noise,
+    rollout_chains,
 )
-from rlpost.contract import PromptBatch, Rollout
-from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
-from rlpost.sampling import evaluate_edges
 
 __all__ = ["DanceGRPOSampler"]
 
@@ -165,12 +171,10 @@ class DanceGRPOSampler(Sampler):
     # --------------------------------------------------------------------------------------------- sampling
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
         """SDE-sample ``samples_per_group`` chains per group, all chains batched together."""
-        s = batch.num_groups * batch.samples_per_group
-        noise = shared_or_independent_noise(
-            policy, batch.num_groups, batch.samples_per_group, generator, self.init_same_noise
+        same = self.init_same_noise
+        return rollout_chains(
+            policy, batch, generator, self.num_steps, self.plan, same, self.chunk_size, self.logprob_reduction
         )
-        plan = self.plan(policy.sigmas(self.num_steps), s, generator)
-        return run_chains(policy, batch, generator, plan, noise, self.chunk_size, self.logprob_reduction)
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
         """Recompute the log-probs of ``edges`` with the rollout's own kernel (one forward per parent)."""
@@ -178,6 +182,4 @@ class DanceGRPOSampler(Sampler):
 
     def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
         """``S = G·K`` images, ``S·T`` rollout forwards, ``S·int(eligible·fraction)`` trained edges (= forwards)."""
-        s = num_groups * samples_per_group
-        edges = s * self.train_steps
-        return StepCounts(images=s, trainable_edges=edges, rollout_forwards=s * self.num_steps, train_forwards=edges)
+        return chain_counts(num_groups, samples_per_group, self.num_steps, self.train_steps)

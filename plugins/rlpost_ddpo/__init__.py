@@ -5,13 +5,11 @@ Registered through the ``rlpost`` entry-point group (``ddpo = "rlpost_ddpo"``). 
 
 from __future__ import annotations
 
-from typing import Any
-
-from rlpost.hookspecs import hookimpl
+from rlpost import AdvantageEstimator, Registry, Sampler, hookimpl
 
 
 @hookimpl
-def rlpost_register_samplers(register: Any) -> None:
+def rlpost_register_samplers(register: Registry[Sampler]) -> None:
     """Register :class:`~rlpost_ddpo.sampler.DDPOSampler` (``ddpo``)."""
     from .sampler import DDPOSampler
 
@@ -19,7 +17,7 @@ def rlpost_register_samplers(register: Any) -> None:
 
 
 @hookimpl
-def rlpost_register_advantage_estimators(register: Any) -> None:
+def rlpost_register_advantage_estimators(register: Registry[AdvantageEstimator]) -> None:
     """Register :class:`~rlpost_ddpo.advantage.PerPromptStatTracker` (``per-prompt``)."""
     from .advantage import PerPromptStatTracker
 

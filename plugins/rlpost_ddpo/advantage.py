@@ -19,9 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlpost.api import AdvantageEstimator, Advantages
-from rlpost.components.chain import broadcast_to_edges
-from rlpost.contract import RewardScores, Rollout
+from rlpost import AdvantageEstimator, Advantages, RewardScores, Rollout, broadcast_to_edges
 
 __all__ = ["PerPromptStatTracker"]
 

@@ -27,17 +27,23 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
-from rlpost.components.chain import (
+from rlpost import (
     ChainPlan,
+    EdgeEval,
+    LogProbReduction,
+    Policy,
+    PromptBatch,
+    Rollout,
+    Sampler,
+    StepCounts,
+    StepKernel,
+    chain_counts,
+    evaluate_edges,
     last_steps_kernels,
+    make_kernel,
     random_step_subset,
-    run_chains,
-    shared_or_independent_noise,
+    rollout_chains,
 )
-from rlpost.contract import PromptBatch, Rollout
-from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
-from rlpost.sampling import evaluate_edges
 
 __all__ = ["DDPOSampler"]
 
@@ -147,10 +153,9 @@ class DDPOSampler(Sampler):
 
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
         """Sample one independent chain per image (``G·K`` images), batched."""
-        s = batch.num_groups * batch.samples_per_group
-        noise = shared_or_independent_noise(policy, batch.num_groups, batch.samples_per_group, generator, False)
-        plan = self.plan(policy.sigmas(self.num_steps), s, generator)
-        return run_chains(policy, batch, generator, plan, noise, self.chunk_size, self.logprob_reduction)
+        return rollout_chains(
+            policy, batch, generator, self.num_steps, self.plan, False, self.chunk_size, self.logprob_reduction
+        )
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
         """Recompute the log-probs of ``edges`` with the rollout's kernel (one forward per parent)."""
@@ -158,6 +163,4 @@ class DDPOSampler(Sampler):
 
     def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
         """``S = G·K`` images, ``S·T`` rollout forwards, ``S·train_steps`` trained edges (= train forwards)."""
-        s = num_groups * samples_per_group
-        edges = s * self.train_steps
-        return StepCounts(images=s, trainable_edges=edges, rollout_forwards=s * self.num_steps, train_forwards=edges)
+        return chain_counts(num_groups, samples_per_group, self.num_steps, self.train_steps)

@@ -7,13 +7,11 @@ Registered through the ``rlpost`` entry-point group (``mixgrpo = "rlpost_mixgrpo
 
 from __future__ import annotations
 
-from typing import Any
-
-from rlpost.hookspecs import hookimpl
+from rlpost import Registry, Sampler, hookimpl
 
 
 @hookimpl
-def rlpost_register_samplers(register: Any) -> None:
+def rlpost_register_samplers(register: Registry[Sampler]) -> None:
     """Register :class:`~rlpost_mixgrpo.sampler.MixGRPOSampler` (``mix``)."""
     from .sampler import MixGRPOSampler
 

@@ -21,17 +21,23 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
-from rlpost.components.chain import (
+from rlpost import (
     DPM_SOLVER,
     ChainPlan,
+    EdgeEval,
+    LogProbReduction,
+    Policy,
+    PromptBatch,
+    Rollout,
+    Sampler,
+    StepCounts,
+    StepKernel,
+    evaluate_edges,
+    make_kernel,
     run_chains,
     shared_or_independent_noise,
+    time_shift,
 )
-from rlpost.contract import PromptBatch, Rollout
-from rlpost.ops.kernels import LogProbReduction, StepKernel, make_kernel
-from rlpost.ops.schedules import time_shift
-from rlpost.sampling import evaluate_edges
 
 from .window import WindowScheduler, WindowStrategy
 

@@ -6,13 +6,11 @@ See ``docs/rewards.md``.
 
 from __future__ import annotations
 
-from typing import Any
-
-from rlpost.hookspecs import hookimpl
+from rlpost import Registry, RewardSource, hookimpl
 
 
 @hookimpl
-def rlpost_register_reward_sources(register: Any) -> None:
+def rlpost_register_reward_sources(register: Registry[RewardSource]) -> None:
     """Register the built-in reward sources."""
     from .aesthetic import AestheticReward
     from .clipscore import CLIPScoreReward

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlpost.api import RewardSource
+from rlpost import RewardSource
 
 from ._common import DTypeName, check_images, check_scores, load_state_dict_file, to_dtype
 from ._hfclip import HFClip

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlpost.api import RewardSource
+from rlpost import RewardSource
 
 from ._common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, DTypeName, check_images, check_scores, clip_preprocess, to_dtype
 from ._paths import PathSpec, path_problems, resolve_path

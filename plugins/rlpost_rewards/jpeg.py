@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from rlpost.api import RewardSource
+from rlpost import RewardSource
 
 from ._common import check_images
 

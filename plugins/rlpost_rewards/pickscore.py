@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost.api import RewardSource
+from rlpost import RewardSource
 
 from ._common import DTypeName, check_images, check_scores, to_dtype
 from ._hfclip import HFClip

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlpost.api import RewardSource
+from rlpost import RewardSource
 
 from ._common import check_images, check_scores
 from ._wire import WireLimits, encode_images, jsonable_metadata

@@ -1,4 +1,4 @@
-"""Serve any local :class:`~rlpost.api.RewardSource` over HTTP for :class:`~rlpost_rewards.remote.RemoteReward`.
+"""Serve any local :class:`~rlpost.core.api.RewardSource` over HTTP for :class:`~rlpost_rewards.remote.RemoteReward`.
 
 Example::
 
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from rlpost.api import RewardSource
+from rlpost import Registry, RewardSource
 
 from ._wire import ImageLimitError, WireLimits, decode_images
 
@@ -82,9 +82,10 @@ def builtin_rewards() -> dict[str, type[RewardSource]]:
     """Name -> class of the rewards this plugin registers (collected through its own hook implementation)."""
     from . import rlpost_register_reward_sources
 
-    found: list[type[RewardSource]] = []
-    rlpost_register_reward_sources(found.append)
-    return {cls.name: cls for cls in found}
+    # The real registry (not a list's append): the hook is typed Registry[RewardSource] and its checks apply.
+    registry = Registry("reward", RewardSource)  # type: ignore[type-abstract]  # the base is an ABC by design
+    rlpost_register_reward_sources(registry)
+    return {name: registry.get(name).cls for name in registry.names()}
 
 
 def _json_response(status: int, body: dict[str, Any], extra: str = "") -> bytes:

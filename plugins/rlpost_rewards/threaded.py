@@ -22,13 +22,13 @@ from typing import Any
 
 from torch import Tensor
 
-from rlpost.api import RewardSource
+from rlpost import RewardSource
 
 __all__ = ["ThreadedScorer"]
 
 
 class ThreadedScorer:
-    """Wraps a set-up :class:`~rlpost.api.RewardSource` so that ``submit`` scores in a background thread.
+    """Wraps a set-up :class:`~rlpost.core.api.RewardSource` so that ``submit`` scores in a background thread.
 
     Args:
         reward: The reward source (``setup`` already called).

@@ -6,13 +6,11 @@ Registered through the ``rlpost`` entry-point group (``treegrpo = "rlpost_treegr
 
 from __future__ import annotations
 
-from typing import Any
-
-from rlpost.hookspecs import hookimpl
+from rlpost import AdvantageEstimator, Registry, Sampler, hookimpl
 
 
 @hookimpl
-def rlpost_register_samplers(register: Any) -> None:
+def rlpost_register_samplers(register: Registry[Sampler]) -> None:
     """Register the tree sampler (``tree``)."""
     from rlpost_treegrpo.sampler import TreeSampler
 
@@ -20,7 +18,7 @@ def rlpost_register_samplers(register: Any) -> None:
 
 
 @hookimpl
-def rlpost_register_advantage_estimators(register: Any) -> None:
+def rlpost_register_advantage_estimators(register: Registry[AdvantageEstimator]) -> None:
     """Register the tree backup (``tree-backup``) and its no-backup ablation (``leaf-zscore``)."""
     from rlpost_treegrpo.advantage import LeafZScoreAdvantage, TreeBackupAdvantage
 

@@ -25,9 +25,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost.api import AdvantageEstimator, Advantages
-from rlpost.contract import RewardScores, Rollout
-from rlpost.ops.reward_mixing import constant_groups, mix_rewards
+from rlpost import AdvantageEstimator, Advantages, RewardScores, Rollout, constant_groups, mix_rewards
 
 __all__ = ["LeafZScoreAdvantage", "TreeBackupAdvantage", "backup_values", "zero_std_fraction"]
 

@@ -33,11 +33,24 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost.api import EdgeEval, Policy, Sampler, StepCounts
-from rlpost.contract import PromptBatch, Rollout, StashKey
-from rlpost.ops.kernels import LogProbReduction, StepKernel, dpm_solver_pp2_step, make_kernel
-from rlpost.ops.schedules import shifted_tail_sigmas, subsampled_indices
-from rlpost.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
+from rlpost import (
+    EdgeEval,
+    LogProbReduction,
+    Policy,
+    PromptBatch,
+    Rollout,
+    RolloutBuilder,
+    Sampler,
+    StashKey,
+    StepCounts,
+    StepKernel,
+    dpm_solver_pp2_step,
+    evaluate_edges,
+    frontier_velocity,
+    make_kernel,
+    shifted_tail_sigmas,
+    subsampled_indices,
+)
 from rlpost_treegrpo.window import (
     WindowLaw,
     draw_window_start,

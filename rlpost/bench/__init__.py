@@ -27,7 +27,7 @@ published numbers to print next to ours::
       time_to_reward: {source: Fig. 1 (GPU-hours), values: {...}}
       notes: {treegrpo-code: "..."}
 
-Every (algorithm, seed) gets its own :class:`rlpost.runner.Runner` (own policy, LoRA, optimizer, run directory);
+Every (algorithm, seed) gets its own :class:`rlpost.engine.runner.Runner` (own policy, LoRA, optimizer, run directory);
 the bench drives each through ``Runner.begin()`` / ``step()`` / ``finish(status)`` itself. With ``least-time`` it
 always advances the runner with the least accumulated training time, so every algorithm and seed runs in the same
 stretches of wall clock and background load hits all alike. Held-out evaluations happen between steps and are
@@ -70,7 +70,7 @@ from rlpost.bench.measure import PHASES, AlgoState, IterRecord, machine_info, ru
 from rlpost.bench.plot import plot_wallclock
 from rlpost.bench.report import markdown, write_outputs
 from rlpost.bench.spec import PAPER_QUANTITIES, AlgoSpec, BenchSpec, load_bench
-from rlpost.rundir import json_safe
+from rlpost.engine.rundir import json_safe
 
 __all__ = [
     "PAPER_QUANTITIES",

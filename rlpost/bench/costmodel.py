@@ -1,8 +1,8 @@
 """The time cost model: per-row transformer costs calibrated on this machine, the closed-form counts of an iteration
-(:meth:`rlpost.api.Sampler.step_counts`), and the seconds per iteration they predict.
+(:meth:`rlpost.core.api.Sampler.step_counts`), and the seconds per iteration they predict.
 
-Everything here reads the components through their declared interfaces (:class:`rlpost.api.Sampler`'s counts and
-``chunk_size``, :class:`rlpost.api.PolicyOptimizer`'s ``inner_epochs`` and ``minibatch_edges``).
+Everything here reads the components through their declared interfaces (:class:`rlpost.core.api.Sampler`'s counts and
+``chunk_size``, :class:`rlpost.core.api.PolicyOptimizer`'s ``inner_epochs`` and ``minibatch_edges``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlpost.api import StepCounts
-from rlpost.phases import PhaseTimer
-from rlpost.recipe import Recipe
+from rlpost.core.api import StepCounts
+from rlpost.engine.phases import PhaseTimer
+from rlpost.engine.recipe import Recipe
 
 __all__ = ["Calibration", "calibrate", "nominal_batches", "predict_seconds", "predicted_counts"]
 
@@ -101,7 +101,7 @@ def calibrate(recipe: Recipe, batch_sizes: Sequence[int], repeats: int) -> Calib
 
 
 def step_counts(recipe: Recipe) -> StepCounts:
-    """The counts of the step the sampler last began (:meth:`rlpost.api.Sampler.step_counts`)."""
+    """The counts of the step the sampler last began (:meth:`rlpost.core.api.Sampler.step_counts`)."""
     return recipe.sampler.step_counts(recipe.run.groups_per_step, recipe.run.samples_per_group)
 
 

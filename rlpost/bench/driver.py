@@ -1,10 +1,10 @@
-"""The bench driver: one :class:`rlpost.runner.Runner` per (algorithm, seed), stepped in an interleaved schedule.
+"""The bench driver: one :class:`rlpost.engine.runner.Runner` per (algorithm, seed), stepped in an interleaved schedule.
 
-Every run goes through the runner's public life cycle: :meth:`~rlpost.runner.Runner.begin`, then
-:meth:`~rlpost.runner.Runner.step` and :meth:`~rlpost.runner.Runner.evaluate` as the schedule decides, then
-:meth:`~rlpost.runner.Runner.finish` with the bench's status. What is measured comes from declared interfaces only:
-the runner's phase timer (``runner.phases``), the policy's ``forward_count`` (read at the end of the rollout through
-the ``rlpost_after_rollout`` hook) and the sampler's closed-form counts (:mod:`rlpost.bench.costmodel`).
+Every run goes through the runner's public life cycle: :meth:`~rlpost.engine.runner.Runner.begin`, then
+:meth:`~rlpost.engine.runner.Runner.step` and :meth:`~rlpost.engine.runner.Runner.evaluate` as the schedule decides,
+then :meth:`~rlpost.engine.runner.Runner.finish` with the bench's status. What is measured comes from declared
+interfaces only: the runner's phase timer (``runner.phases``), the policy's ``forward_count`` (read at the end of the
+rollout through the ``rlpost_after_rollout`` hook) and the sampler's closed-form counts (:mod:`rlpost.bench.costmodel`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from rlpost.bench.costmodel import Calibration, calibrate, predicted_counts
 from rlpost.bench.measure import PHASES, AlgoState, IterRecord, bench_result, run_key
 from rlpost.bench.report import write_outputs
 from rlpost.bench.spec import AlgoSpec, BenchSpec
-from rlpost.contract import Rollout
-from rlpost.hookspecs import hookimpl
-from rlpost.plugins import PluginHost, get_host
-from rlpost.recipe import Recipe, RecipeError, RunConfig, merge_sources, validate
-from rlpost.rundir import json_safe
-from rlpost.runner import RunContext, Runner
+from rlpost.core.context import RunContext
+from rlpost.core.contract import Rollout
+from rlpost.core.hookspecs import hookimpl
+from rlpost.core.plugins import PluginHost, get_host
+from rlpost.engine.recipe import Recipe, RecipeError, RunConfig, merge_sources, validate
+from rlpost.engine.rundir import json_safe
+from rlpost.engine.runner import Runner
 
 __all__ = ["Bench", "ForwardProbe"]
 
@@ -233,7 +234,7 @@ class Bench:
 
     def _close(self, status: str) -> None:
         """Every run ends with an end checkpoint (the bench, not ``run.max_steps``, decided when it stops) and
-        :meth:`rlpost.runner.Runner.finish`."""
+        :meth:`rlpost.engine.runner.Runner.finish`."""
         self.host.unregister_plugin(PROBE)
         for state in self.algos:
             runner = state.runner

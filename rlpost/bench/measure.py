@@ -1,7 +1,7 @@
 """What the bench records about each (algorithm, seed) run, and its JSON summary.
 
-Per iteration (:class:`IterRecord`): wall time, the runner's step phases (:attr:`rlpost.runner.Runner.phases`),
-transformer rows counted through :attr:`rlpost.api.Policy.forward_count` around the rollout and the update, the
+Per iteration (:class:`IterRecord`): wall time, the runner's step phases (:attr:`rlpost.engine.runner.Runner.phases`),
+transformer rows counted through :attr:`rlpost.core.api.Policy.forward_count` around the rollout and the update, the
 closed-form prediction of the same counts, and peak CUDA memory.
 """
 
@@ -22,11 +22,11 @@ import torch
 
 from rlpost.bench.costmodel import Calibration, predict_seconds, predicted_counts
 from rlpost.bench.spec import AlgoSpec, BenchSpec
-from rlpost.phases import STEP_PHASES, PhaseTimer
-from rlpost.recipe import Recipe
+from rlpost.engine.phases import STEP_PHASES, PhaseTimer
+from rlpost.engine.recipe import Recipe
 
 if TYPE_CHECKING:
-    from rlpost.runner import Runner
+    from rlpost.engine.runner import Runner
 
 __all__ = [
     "PHASES",
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 PHASES = STEP_PHASES
-"""The per-iteration phases the bench reports (the runner's step phases, :mod:`rlpost.phases`)."""
+"""The per-iteration phases the bench reports (the runner's step phases, :mod:`rlpost.engine.phases`)."""
 
 
 @dataclass

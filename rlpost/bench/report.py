@@ -130,7 +130,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "## Where an iteration's time goes (mean seconds per iteration, seeds pooled)",
         "",
-        "The runner's step phases (`runner.phases`, rlpost/phases.py): rollout = transformer forwards and VAE decode "
+        "The runner's step phases (`runner.phases`, rlpost/engine/phases.py): rollout = transformer forwards and VAE "
+        "decode "
         "of the sampler; update = training forwards, backward and optimizer steps; other = hooks, gathering, EMA "
         "and logging between them.",
         "",

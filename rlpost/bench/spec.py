@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from rlpost.bench import stats
-from rlpost.recipe import RecipeError
+from rlpost.engine.recipe import RecipeError
 
 __all__ = ["PAPER_QUANTITIES", "AlgoSpec", "BenchSpec", "as_names", "load_bench"]
 

@@ -1,1 +1,1 @@
-"""Components shared by several algorithms, registered by the core (``rlpost.builtin``)."""
+"""Components shared by several algorithms, registered by the core (``rlpost.components.builtin``)."""

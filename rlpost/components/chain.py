@@ -4,7 +4,7 @@ All three algorithms draw ``samples_per_group`` independent denoising chains per
 *per-step plan*: which step kernel runs at each schedule index (SDE, ODE, DPM-Solver++), which edges may be trained
 (every step, a per-sample random subset, a sliding window) and whether a group shares its initial noise. This module
 runs such a plan batched over every chain of the batch and records one node per chain per noise level and one edge per
-transition with :class:`~rlpost.sampling.RolloutBuilder`. The plans restate ``XueZeyue/DanceGRPO``
+transition with :class:`~rlpost.ops.sampling.RolloutBuilder`. The plans restate ``XueZeyue/DanceGRPO``
 ``fastvideo/train_grpo_flux.py``@15cc71d, ``yifan123/flow_grpo`` ``scripts/train_sd3_fast.py``@74db691 (random SDE
 window) and ``Tencent-Hunyuan/MixGRPO`` ``fastvideo/utils/grpo_states.py``@e5cdd6a (sliding window).
 
@@ -15,24 +15,27 @@ does this edge lead to" from the edge table alone (:func:`edge_sample_ids`), wit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from rlpost.api import Policy
-from rlpost.contract import PromptBatch, Rollout
+from rlpost.core.api import Policy, StepCounts
+from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.ops.kernels import LogProbReduction, StepKernel, dpm_solver_pp2_step
-from rlpost.sampling import RolloutBuilder, frontier_velocity
+from rlpost.ops.sampling import RolloutBuilder, frontier_velocity
 
 __all__ = [
     "DPM_SOLVER",
     "ChainPlan",
     "broadcast_to_edges",
+    "chain_counts",
     "edge_sample_ids",
     "last_steps_kernels",
     "node_sample_ids",
     "random_step_subset",
+    "rollout_chains",
     "run_chains",
     "shared_or_independent_noise",
 ]
@@ -196,6 +199,33 @@ def run_chains(
     decoded = x if last_x0 is None else last_x0
     images = torch.cat([policy.decode(decoded[j : j + chunk_size]) for j in range(0, s, chunk_size)])
     return builder.build(node, images, stats={"perf/rollout_forwards": float(forwards)})
+
+
+def rollout_chains(
+    policy: Policy,
+    batch: PromptBatch,
+    generator: torch.Generator,
+    num_steps: int,
+    plan: Callable[[Tensor, int, torch.Generator], ChainPlan],
+    shared_noise: bool,
+    chunk_size: int,
+    reduction: LogProbReduction,
+) -> Rollout:
+    """One rollout of ``G·K`` independent chains of ``num_steps`` steps (DanceGRPO, DDPO): initial noise first (see
+    :func:`shared_or_independent_noise`), then ``plan(sigmas, G·K, generator)``, then :func:`run_chains`. The draw
+    order from ``generator`` is fixed: noise, then whatever ``plan`` draws, then the chains' step noise."""
+    s = batch.num_groups * batch.samples_per_group
+    noise = shared_or_independent_noise(policy, batch.num_groups, batch.samples_per_group, generator, shared_noise)
+    chains = plan(policy.sigmas(num_steps), s, generator)
+    return run_chains(policy, batch, generator, chains, noise, chunk_size, reduction)
+
+
+def chain_counts(num_groups: int, samples_per_group: int, num_steps: int, train_steps: int) -> StepCounts:
+    """Counts of one step of :func:`rollout_chains`: ``S = G·K`` images, ``S·T`` rollout forwards and
+    ``S·train_steps`` trained edges, each one training forward."""
+    s = num_groups * samples_per_group
+    edges = s * train_steps
+    return StepCounts(images=s, trainable_edges=edges, rollout_forwards=s * num_steps, train_forwards=edges)
 
 
 def node_sample_ids(rollout: Rollout) -> Tensor:

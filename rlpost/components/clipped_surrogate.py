@@ -44,8 +44,8 @@ from typing import Any, ClassVar, Literal, get_args
 import torch
 from torch import Tensor
 
-from rlpost.api import PolicyOptimizer, UpdateContext
 from rlpost.components.chain import edge_sample_ids
+from rlpost.core.api import PolicyOptimizer, UpdateContext
 
 __all__ = ["AccumulationUnit", "ClippedSurrogate", "LossNormalisation", "parent_aligned_chunks"]
 

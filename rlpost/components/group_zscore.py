@@ -24,9 +24,9 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost.api import AdvantageEstimator, Advantages
 from rlpost.components.chain import broadcast_to_edges
-from rlpost.contract import RewardScores, Rollout
+from rlpost.core.api import AdvantageEstimator, Advantages
+from rlpost.core.contract import RewardScores, Rollout
 from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 
 __all__ = ["GroupZScoreAdvantage"]

@@ -1,4 +1,4 @@
-"""FLUX.1 (dev / schnell) as an rlpost :class:`~rlpost.api.Policy`, on the real diffusers stack.
+"""FLUX.1 (dev / schnell) as an rlpost :class:`~rlpost.core.api.Policy`, on the real diffusers stack.
 
 Everything FLUX specific lives here: loading ``FluxPipeline``, prompt encoding (CLIP pooled + T5 sequence), the
 ``FluxTransformer2DModel`` call (2x2-packed latent tokens with ``img_ids`` / ``txt_ids``, timestep as ``σ``, the
@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlpost.api import Conditioning, Policy
-from rlpost.hookspecs import hookimpl
+from rlpost.core.api import Conditioning, Policy
+from rlpost.core.hookspecs import hookimpl
+from rlpost.core.registry import Registry
 from rlpost.models._common import (
     DTypeName,
     LoraSpec,
@@ -507,6 +508,6 @@ def _quiet_hf_progress_bars() -> None:
 
 
 @hookimpl
-def rlpost_register_models(register: Any) -> None:
+def rlpost_register_models(register: Registry[Policy]) -> None:
     """Register :class:`FluxPolicy` (short name ``flux``)."""
     register(FluxPolicy)

@@ -1,4 +1,4 @@
-"""Stable Diffusion 3 / 3.5 as an rlpost :class:`~rlpost.api.Policy`, on the real diffusers stack.
+"""Stable Diffusion 3 / 3.5 as an rlpost :class:`~rlpost.core.api.Policy`, on the real diffusers stack.
 
 Everything SD3 specific lives here: loading ``StableDiffusion3Pipeline``, prompt encoding with its three text
 encoders, the ``SD3Transformer2DModel`` call signature, the latent shape and the VAE scaling/shift. Samplers see only
@@ -24,8 +24,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlpost.api import Conditioning, Policy
-from rlpost.hookspecs import hookimpl
+from rlpost.core.api import Conditioning, Policy
+from rlpost.core.hookspecs import hookimpl
+from rlpost.core.registry import Registry
 from rlpost.models._common import (
     DTypeName,
     LoraSpec,
@@ -436,6 +437,6 @@ def _quiet_hf_progress_bars() -> None:
 
 
 @hookimpl
-def rlpost_register_models(register: Any) -> None:
+def rlpost_register_models(register: Registry[Policy]) -> None:
     """Register :class:`SD3Policy` (short name ``sd3``)."""
     register(SD3Policy)

@@ -29,13 +29,25 @@ import json
 import os
 import string
 import tempfile
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["build_tiny_flux", "build_tiny_sd3", "ensure_tiny_flux", "main", "write_clip_tokenizer_files"]
+__all__ = [
+    "assemble_sd3_pipeline",
+    "build_clip_tokenizer",
+    "build_text_encoders",
+    "build_tiny_flux",
+    "build_tiny_sd3",
+    "ensure_tiny_flux",
+    "main",
+    "sd3_tokenizers",
+    "t5_vocab",
+    "write_clip_tokenizer_files",
+]
 
 
 @lru_cache(maxsize=1)
@@ -84,8 +96,9 @@ def write_clip_tokenizer_files(out_dir: Path, num_merges: int | None = 1000) -> 
     return len(vocab)
 
 
-def _t5_vocab() -> list[tuple[str, float]]:
-    """A small SentencePiece-style Unigram vocabulary: specials, characters and common English pieces."""
+def t5_vocab(extra_words: Sequence[str] = ()) -> list[tuple[str, float]]:
+    """A small SentencePiece-style Unigram vocabulary: specials, characters and common English pieces, plus
+    ``extra_words`` (whole words scored just below the common ones, so prompts using them stay short)."""
     words = (
         "a an the of and in on with to at for is are photo picture image painting drawing digit number zero one "
         "two three four five six seven eight nine cat dog bird car house tree sky red green blue black white "
@@ -95,7 +108,52 @@ def _t5_vocab() -> list[tuple[str, float]]:
     pieces += [("▁" + w, -5.0 - 0.01 * i) for i, w in enumerate(words)]
     chars = string.ascii_lowercase + string.ascii_uppercase + string.digits + ".,!?'-"
     pieces += [(c, -10.0) for c in chars] + [("▁" + c, -9.0) for c in chars]
-    return pieces
+    have = {p for p, _ in pieces}
+    return pieces + [("▁" + w, -6.0 - 0.01 * i) for i, w in enumerate(extra_words) if "▁" + w not in have]
+
+
+def sd3_tokenizers(
+    t5_pieces: list[tuple[str, float]] | None = None,
+    *,
+    clip_merges: int | None = 1000,
+    clip_max_length: int = 77,
+    t5_max_length: int = 256,
+) -> tuple[Any, int, Any]:
+    """The SD3 tokenizers made locally: (CLIP BPE tokenizer, its vocabulary size, T5 Unigram tokenizer).
+
+    Args:
+        t5_pieces: The T5 vocabulary (default :func:`t5_vocab`).
+        clip_merges: BPE merges kept in the CLIP tokenizer (``None``: all).
+        clip_max_length: CLIP ``model_max_length`` (the pipeline pads and truncates CLIP prompts to it).
+        t5_max_length: T5 ``model_max_length``.
+    """
+    transformers: Any = importlib.import_module("transformers")
+    clip_tok, vocab_size = build_clip_tokenizer(clip_merges, max_length=clip_max_length)
+    pieces = t5_vocab() if t5_pieces is None else t5_pieces
+    t5_tok = transformers.T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=t5_max_length)
+    return clip_tok, vocab_size, t5_tok
+
+
+def assemble_sd3_pipeline(
+    transformer: Any, vae: Any, text_encoders: Sequence[Any], clip_tokenizer: Any, t5_tokenizer: Any, shift: float
+) -> Any:
+    """A ``StableDiffusion3Pipeline`` from built modules (both CLIP encoders share ``clip_tokenizer``), every module
+    put in ``eval()`` mode first (modules built in code start in train mode; see the module docstring)."""
+    diffusers: Any = importlib.import_module("diffusers")
+    te1, te2, te3 = text_encoders
+    for module in (transformer, te1, te2, te3, vae):
+        module.eval()
+    return diffusers.StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=shift),
+        vae=vae,
+        text_encoder=te1,
+        tokenizer=clip_tokenizer,
+        text_encoder_2=te2,
+        tokenizer_2=clip_tokenizer,
+        text_encoder_3=te3,
+        tokenizer_3=t5_tokenizer,
+    )
 
 
 def build_clip_tokenizer(num_merges: int | None, max_length: int) -> tuple[Any, int]:
@@ -124,6 +182,8 @@ def build_text_encoders(
     t5_d_model: int = 32,
     t5_d_kv: int = 8,
     t5_d_ff: int = 37,
+    clip_overrides: Sequence[Mapping[str, Any]] | None = None,
+    t5_overrides: Mapping[str, Any] | None = None,
 ) -> tuple[Any, Any, Any]:
     """The SD3 text-encoder stack at tiny size: two ``CLIPTextModelWithProjection`` (2 layers, projection 32) and a
     one-layer ``T5EncoderModel``, drawn from the global torch RNG in that order (callers seed it).
@@ -137,9 +197,11 @@ def build_text_encoders(
         t5_d_model: T5 model width.
         t5_d_kv: T5 per-head width.
         t5_d_ff: T5 MLP size.
+        clip_overrides: Per CLIP encoder, ``CLIPTextConfig`` fields replacing the tiny ones (e.g. SD3.5's widths).
+        t5_overrides: ``T5Config`` fields replacing the tiny ones.
     """
     transformers: Any = importlib.import_module("transformers")
-    clip_cfg = transformers.CLIPTextConfig(
+    clip_base: dict[str, Any] = dict(
         bos_token_id=clip_vocab - 2,
         eos_token_id=clip_vocab - 1,
         pad_token_id=clip_vocab - 1,
@@ -152,9 +214,12 @@ def build_text_encoders(
         projection_dim=32,
         max_position_embeddings=clip_max_positions,
     )
-    te1 = transformers.CLIPTextModelWithProjection(clip_cfg)
-    te2 = transformers.CLIPTextModelWithProjection(clip_cfg)
-    t5_cfg = transformers.T5Config(
+    clip_extra = clip_overrides if clip_overrides is not None else ({}, {})
+    te1, te2 = [
+        transformers.CLIPTextModelWithProjection(transformers.CLIPTextConfig(**{**clip_base, **extra}))
+        for extra in clip_extra
+    ]
+    t5_base: dict[str, Any] = dict(
         vocab_size=t5_vocab,
         d_model=t5_d_model,
         d_kv=t5_d_kv,
@@ -166,6 +231,7 @@ def build_text_encoders(
         pad_token_id=0,
         eos_token_id=1,
     )
+    t5_cfg = transformers.T5Config(**{**t5_base, **(t5_overrides or {})})
     return te1, te2, transformers.T5EncoderModel(t5_cfg)
 
 
@@ -198,14 +264,12 @@ def build_tiny_sd3(
     """
     # diffusers/transformers are untyped for mypy; build through Any-typed module handles.
     diffusers: Any = importlib.import_module("diffusers")
-    transformers: Any = importlib.import_module("transformers")
 
     out_dir = Path(out_dir)
     vae_scale = 2 ** (vae_blocks - 1)
     latent_size = sample_size // vae_scale
     # model_max_length 77: the pipeline pads/truncates CLIP prompts to the tokenizer's max length.
-    clip_tok, vocab_size = build_clip_tokenizer(clip_merges, max_length=77)
-    t5_tok = transformers.T5Tokenizer(vocab=_t5_vocab(), extra_ids=0, model_max_length=256)
+    clip_tok, vocab_size, t5_tok = sd3_tokenizers(clip_merges=clip_merges, clip_max_length=77, t5_max_length=256)
 
     # Build everything on CPU in fp32 under a fixed seed (module constructors draw from the global RNG).
     with torch.random.fork_rng(devices=[]):
@@ -239,19 +303,7 @@ def build_tiny_sd3(
             down_block_types=("DownEncoderBlock2D",) * vae_blocks,
             up_block_types=("UpDecoderBlock2D",) * vae_blocks,
         )
-    for module in (transformer, te1, te2, te3, vae):
-        module.eval()  # see module docstring: dropout in train mode breaks the save/load round trip
-    pipe = diffusers.StableDiffusion3Pipeline(
-        transformer=transformer,
-        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=shift),
-        vae=vae,
-        text_encoder=te1,
-        tokenizer=clip_tok,
-        text_encoder_2=te2,
-        tokenizer_2=clip_tok,
-        text_encoder_3=te3,
-        tokenizer_3=t5_tok,
-    )
+    pipe = assemble_sd3_pipeline(transformer, vae, (te1, te2, te3), clip_tok, t5_tok, shift)
     out_dir.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out_dir))
     return out_dir
@@ -295,8 +347,7 @@ def build_tiny_flux(
     transformers: Any = importlib.import_module("transformers")
 
     out_dir = Path(out_dir)
-    clip_tok, vocab_size = build_clip_tokenizer(clip_merges, max_length=77)
-    t5_tok = transformers.T5Tokenizer(vocab=_t5_vocab(), extra_ids=0, model_max_length=512)
+    clip_tok, vocab_size, t5_tok = sd3_tokenizers(clip_merges=clip_merges, clip_max_length=77, t5_max_length=512)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         transformer = diffusers.FluxTransformer2DModel(

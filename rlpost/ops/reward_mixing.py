@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from rlpost.contract import RewardScores
+from rlpost.core.contract import RewardScores
 
 __all__ = ["constant_groups", "group_zscore", "mix_rewards", "validate_reward_weights"]
 

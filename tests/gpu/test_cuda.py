@@ -51,7 +51,7 @@ def test_tiny_tree_training_step_on_cuda(family, request, tmp_path, monkeypatch)
     import json
     from pathlib import Path
 
-    from rlpost import cli
+    from rlpost.apps import cli
 
     _, fixture, _, recipe = FAMILIES[family]
     model_dir = request.getfixturevalue(fixture)

@@ -69,7 +69,8 @@ def test_scan_covers_the_tree() -> None:
     for name in SCANNED_DIRS[:-1]:  # .ci may be absent from an sdist; the others are the project
         assert (ROOT / name).is_dir(), name
     scanned = {p.relative_to(ROOT).as_posix() for p in _scanned_paths()}
-    for must in ("README.md", "pyproject.toml", "rlpost/runner.py", "docs/design.md", "docs/algorithms/treegrpo.md"):
+    musts = ("README.md", "pyproject.toml", "rlpost/engine/runner.py", "docs/design.md", "docs/algorithms/treegrpo.md")
+    for must in musts:
         assert must in scanned, must
     assert not any(p.startswith("tests/meta/") for p in scanned)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpost import hookspecs
+from rlpost.core import hookspecs
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS = [name for name in hookspecs.__all__ if name.startswith("rlpost_")]

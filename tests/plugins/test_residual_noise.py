@@ -41,16 +41,16 @@ import pytest
 import torch
 from torch import Tensor
 
-from rlpost.api import Sampler
-from rlpost.contract import PromptBatch
-from rlpost.digits import DIGITS_SD3_DIR
-from rlpost.digits.pretrain import MAX_SEQUENCE_LENGTH
-from rlpost.digits.prompts import DigitsPrompts
+from rlpost.core.api import Sampler
+from rlpost.core.contract import PromptBatch
 from rlpost.models.sd3 import SD3Policy
 from rlpost.ops.kernels import DanceGRPOSDE, EulerODE
 from rlpost.ops.schedules import TimeGrid
 from rlpost_dancegrpo.sampler import DanceGRPOSampler
 from rlpost_ddpo.sampler import DDPOSampler
+from rlpost_digits import DIGITS_SD3_DIR
+from rlpost_digits.pretrain import MAX_SEQUENCE_LENGTH
+from rlpost_digits.prompts import DigitsPrompts
 from rlpost_mixgrpo.sampler import MixGRPOSampler
 from rlpost_treegrpo.sampler import TreeSampler
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlpost import cli
+from rlpost.apps import cli
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.flux import FluxPolicy
 from rlpost.models.sd3 import SD3Policy
-from rlpost.plugins import PluginHost
-from rlpost.recipe import RecipeError, merge_sources, validate
 from tests.weights_standins import hub_dataset_standin, standin_weights  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[2]

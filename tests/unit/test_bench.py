@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from rlpost import bench
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.sd3 import SD3Policy
-from rlpost.plugins import PluginHost
-from rlpost.recipe import RecipeError, merge_sources, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = sorted((ROOT / "recipes" / "bench").glob("*.yaml"))
@@ -25,7 +25,7 @@ TINY_SEEDS = [0, 1]
 def tiny_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """Run ``rlpost bench --recipe recipes/bench/tiny.yaml --out DIR`` once for the module (from the repo root, where
     the bench recipes' relative paths resolve)."""
-    from rlpost.cli import main
+    from rlpost.apps.cli import main
 
     out = tmp_path_factory.mktemp("bench") / "tiny"
     cwd = os.getcwd()

@@ -1,4 +1,4 @@
-"""What ``rlpost bench`` reads from the components is declared in their interfaces (rlpost/api.py), and the bench
+"""What ``rlpost bench`` reads from the components is declared in their interfaces (rlpost/core/api.py), and the bench
 package reads nothing else: no module over ~300 lines, no attribute probing, no method replaced on a live object."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from rlpost.api import Policy, PolicyOptimizer, Sampler
 from rlpost.components.clipped_surrogate import ClippedSurrogate
+from rlpost.core.api import Policy, PolicyOptimizer, Sampler
 from rlpost_treegrpo.sampler import TreeSampler
 from tests.toy_components import ToyChainSampler
 

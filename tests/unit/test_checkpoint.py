@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlpost.checkpoint import (
+from rlpost.engine.checkpoint import (
     CheckpointError,
     find_checkpoint,
     join_tensors,

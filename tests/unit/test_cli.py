@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from rlpost import cli
-from rlpost.plugins import PluginHost
+from rlpost.apps import cli
+from rlpost.core.plugins import PluginHost
 from tests import toy_components
 from tests.toy_components import toy_recipe
 
@@ -165,8 +165,8 @@ def test_command_line_values_keep_the_yaml_limits(monkeypatch, tmp_path, capsys)
 def test_a_run_saved_before_nested_defaults_were_listed_resumes(tmp_path):
     """The resolved recipe now lists nested defaults (``model.init_args.lora``) as jsonargparse fills them; a run
     saved without them is the same model."""
-    from rlpost.plugins import get_host
-    from rlpost.recipe import build_parser, parse_recipe_args, state_breaking_changes
+    from rlpost.core.plugins import get_host
+    from rlpost.engine.recipe import build_parser, parse_recipe_args, state_breaking_changes
 
     saved = {"class_path": "rlpost.models.sd3.SD3Policy", "init_args": {"pretrained": "tiny-random", "lora": {}}}
     saved["init_args"]["lora"] = {"rank": 4}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.cli import main
+from rlpost.apps.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 import yaml
 
-from rlpost.contract import PromptBatch, RewardScores
-from rlpost.plugins import PluginHost
-from rlpost.recipe import RecipeError, validate
-from rlpost.sharding import derived_generator, gather_view, merge_rollouts, skeleton
+from rlpost.core.contract import PromptBatch, RewardScores
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import RecipeError, validate
+from rlpost.engine.sharding import derived_generator, gather_view, merge_rollouts, skeleton
 from tests import toy_components
 from tests.toy_components import toy_recipe
 
@@ -148,7 +148,7 @@ def _launch(recipe: Path, ranks: int, *extra: str) -> None:
         "--master_port",
         str(_free_port()),
         "-m",
-        "rlpost.cli",
+        "rlpost.apps.cli",
         "train",
         "--recipe",
         str(recipe),

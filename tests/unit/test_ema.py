@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from rlpost.checkpoint import CheckpointError
-from rlpost.ema import EMA, EMAConfig
+from rlpost.engine.checkpoint import CheckpointError
+from rlpost.engine.ema import EMA, EMAConfig
 
 
 def _params() -> list[nn.Parameter]:

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from rlpost.plugins import PluginHost
+from rlpost.core.plugins import PluginHost
 from tests.unit.test_distributed import _assert_same, _launch, _tree_recipe, _weights, _write
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]

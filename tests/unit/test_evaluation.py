@@ -13,10 +13,10 @@ import torch
 from PIL import Image
 
 from rlpost import hookimpl
-from rlpost.api import RewardSource
-from rlpost.plugins import PluginHost
-from rlpost.recipe import RecipeError, validate
-from rlpost.runner import Runner
+from rlpost.core.api import RewardSource
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import RecipeError, validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.tolerances import assert_pixels_close
 from tests.toy_components import toy_recipe
@@ -207,9 +207,9 @@ def test_bad_sets_and_judges_name_their_field(tmp_path, host, change, expected):
 
 
 def test_grid_shows_a_spread_subset_of_a_large_set(tmp_path, host, monkeypatch):
-    import rlpost.evaluation
+    import rlpost.engine.evaluation
 
-    monkeypatch.setattr(rlpost.evaluation, "GRID_MAX_IMAGES", 2)
+    monkeypatch.setattr(rlpost.engine.evaluation, "GRID_MAX_IMAGES", 2)
     cfg = _sets_cfg(tmp_path, every=0)
     cfg["eval"]["sets"]["unseen"]["init_args"]["prompts"] = ["p0", "p1", "p2", "p3", "p4"]
     recipe = validate(cfg, host)

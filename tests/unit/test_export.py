@@ -13,11 +13,11 @@ import yaml
 from huggingface_hub import ModelCard
 from PIL import Image
 
-from rlpost import cli
-from rlpost.export import _model_card
-from rlpost.plugins import PluginHost
-from rlpost.recipe import validate
-from rlpost.runner import Runner
+from rlpost.apps import cli
+from rlpost.apps.export import _model_card
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.tolerances import assert_pixels_close
 

@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
-from rlpost.api import EdgeEval
-from rlpost.checkpoint import CheckpointError, list_checkpoints
-from rlpost.guards import NonFiniteError
-from rlpost.plugins import PluginHost
-from rlpost.recipe import RecipeError, validate
-from rlpost.runner import Runner
+from rlpost.core.api import EdgeEval
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.checkpoint import CheckpointError, list_checkpoints
+from rlpost.engine.guards import NonFiniteError
+from rlpost.engine.recipe import RecipeError, validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.toy_components import toy_recipe
 

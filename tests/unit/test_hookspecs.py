@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from rlpost import hookimpl
-from rlpost.plugins import PluginHost
-from rlpost.recipe import validate
-from rlpost.runner import Runner
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.toy_components import toy_recipe
 
@@ -160,7 +160,7 @@ def test_hook_rlpost_register_optimizers():
     # The core registers the shared clipped-surrogate rule through this hook.
     host = PluginHost(load_entrypoints=False)
     entry = host.registry("optimizer").get("clipped-surrogate")
-    assert entry.plugin == "rlpost.builtin" and entry.distribution == "rlpost"
+    assert entry.plugin == "rlpost.components.builtin" and entry.distribution == "rlpost"
 
 
 def test_hook_rlpost_register_models():

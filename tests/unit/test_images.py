@@ -1,4 +1,4 @@
-"""Sample-grid captions (rlpost.images): wrapped between words, numbers never split across lines."""
+"""Sample-grid captions (rlpost.ops.images): wrapped between words, numbers never split across lines."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from rlpost.images import _CAPTION_LINES, _LINE_H, _wrap, save_grid
+from rlpost.ops.images import _CAPTION_LINES, _LINE_H, _wrap, save_grid
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 WIDTH = 128  # one upscaled tile: 21 characters a line

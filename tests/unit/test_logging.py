@@ -1,4 +1,4 @@
-"""TensorBoard sink (rlpost.logging_): besides the scalars, the sample grids, the resolved recipe and an HParams
+"""TensorBoard sink (rlpost.engine.logging_): besides the scalars, the sample grids, the resolved recipe and an HParams
 session, read back from the event files with TensorBoard's own EventAccumulator."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from rlpost.logging_ import flat_hparams
-from rlpost.plugins import PluginHost
-from rlpost.recipe import validate
-from rlpost.runner import Runner
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.logging_ import flat_hparams
+from rlpost.engine.recipe import validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.tolerances import assert_pixels_close
 from tests.toy_components import toy_recipe

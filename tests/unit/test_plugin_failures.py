@@ -14,12 +14,12 @@ import yaml
 from torch import Tensor
 
 from rlpost import hookimpl
-from rlpost.api import RewardSource
-from rlpost.checkpoint import list_checkpoints, verify_checkpoint
-from rlpost.plugin_errors import PluginRuntimeError
-from rlpost.plugins import PluginHost, reset_host
-from rlpost.recipe import validate
-from rlpost.runner import Runner
+from rlpost.core.api import RewardSource
+from rlpost.core.plugin_errors import PluginRuntimeError
+from rlpost.core.plugins import PluginHost, reset_host
+from rlpost.engine.checkpoint import list_checkpoints, verify_checkpoint
+from rlpost.engine.recipe import validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.toy_components import toy_recipe
 
@@ -147,7 +147,7 @@ def test_unsaveable_plugin_state_names_plugin_and_keeps_last_checkpoint(tmp_path
 
 
 def test_cli_prints_one_line_naming_the_plugin(tmp_path, capsys):
-    from rlpost.cli import main
+    from rlpost.apps.cli import main
 
     host = _host()
     cfg = _cfg(tmp_path, "stop", "short")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.plugins import PluginHost
-from rlpost.registry import ContestedComponentError
+from rlpost.core.plugins import PluginHost
+from rlpost.core.registry import ContestedComponentError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "plugins"
-FIRST_PARTY = {"rewards", "treegrpo", "dancegrpo", "mixgrpo", "ddpo"}
+FIRST_PARTY = {"rewards", "treegrpo", "dancegrpo", "mixgrpo", "ddpo", "digits"}
 HOSTILE_MODULES = (
     "rlpost_plugin_ok",
     "rlpost_plugin_broken",
@@ -260,8 +260,8 @@ def test_recipe_naming_a_contested_reward_is_refused_before_anything_loads(
     """The issue's attack: with the impostor installed, a recipe naming 'jpeg-compressibility' is refused (exit 2,
     both distributions and the way out named, nothing written); 'rlpost:jpeg-compressibility' trains with the
     built-in."""
-    from rlpost.recipe import RecipeError, validate
-    from rlpost.runner import Runner
+    from rlpost.engine.recipe import RecipeError, validate
+    from rlpost.engine.runner import Runner
     from tests import toy_components
     from tests.toy_components import toy_recipe
 
@@ -301,7 +301,7 @@ def _cli(args: list[str], site: Path, **env: str) -> subprocess.CompletedProcess
     full_env["PYTHONPATH"] = os.pathsep.join([str(site), full_env.get("PYTHONPATH", "")])
     full_env.update(env)
     return subprocess.run(
-        [sys.executable, "-m", "rlpost.cli", *args], env=full_env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "rlpost.apps.cli", *args], env=full_env, capture_output=True, text=True, timeout=120
     )
 
 
@@ -320,7 +320,7 @@ def test_cli_plugins_list_json_keeps_working_with_a_broken_plugin(site):
 def test_cli_plugins_list_all_includes_builtins(site):
     proc = _cli(["plugins", "list", "--json", "--all"], site)
     names = {p["name"] for p in json.loads(proc.stdout)}
-    assert {"rlpost.builtin", "rlpost.prompts", "rlpost.models.sd3"} <= names
+    assert {"rlpost.components.builtin", "rlpost.components.prompts", "rlpost.models.sd3"} <= names
 
 
 def test_cli_plugins_list_table(site):
@@ -336,8 +336,8 @@ def test_trace_plugins(site):
 
 def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_path, monkeypatch):
     """docs/examples/rlpost-reward-example installed with pip, then used from a recipe as ``brightness``."""
-    from rlpost.recipe import validate
-    from rlpost.runner import Runner
+    from rlpost.engine.recipe import validate
+    from rlpost.engine.runner import Runner
     from tests import toy_components
     from tests.toy_components import toy_recipe
 
@@ -353,3 +353,20 @@ def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_p
     cfg["rewards"] = ["brightness"]
     history = Runner(validate(cfg, host), host).run()
     assert 0.0 <= history[0]["reward/brightness"] <= 1.0
+
+
+def test_digits_world_is_a_blockable_first_party_plugin(monkeypatch):
+    # The digits world is an entry point of distribution rlpost, not a core module: blocking it removes its
+    # components like any other plugin's (needs the `digits` entry point installed: `pip install -e .` again).
+    from rlpost.core.plugins import DEFAULT_PLUGINS
+
+    assert not any("digits" in name for name in DEFAULT_PLUGINS)
+    loaded = PluginHost()
+    assert _by_name(loaded)["digits"].status == "ok"
+    assert {"digit-alignment", "digit-judge"} <= set(loaded.registry("reward").names())
+    assert "digit-prompts" in loaded.registry("prompts").names()
+    monkeypatch.setenv("RLPOST_BLOCK_PLUGINS", "digits")
+    blocked = PluginHost()
+    assert _by_name(blocked)["digits"].status == "blocked"
+    assert not {"digit-alignment", "digit-judge"} & set(blocked.registry("reward").names())
+    assert "digit-prompts" not in blocked.registry("prompts").names()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlpost.prompts import HFDatasetPrompts, PromptFile, PromptList, PromptStream
+from rlpost.components.prompts import HFDatasetPrompts, PromptFile, PromptList, PromptStream
 
 
 def test_text_jsonl_json_csv(tmp_path):

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlpost import cli
+from rlpost.apps import cli
+from rlpost.core.plugins import PluginHost, reset_host
+from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.sd3 import SD3Policy
-from rlpost.plugins import PluginHost, reset_host
-from rlpost.recipe import RecipeError, merge_sources, validate
 from tests import toy_components
 from tests.toy_components import toy_recipe
 from tests.weights_standins import standin_weights  # noqa: F401 - fixture
@@ -177,7 +177,7 @@ def test_print_config_lists_every_component_default_and_validates_again(capsys, 
 
 
 def test_a_run_saved_without_defaults_resumes_under_a_recipe_listing_them():
-    from rlpost.recipe import state_breaking_changes, with_defaults
+    from rlpost.engine.recipe import state_breaking_changes, with_defaults
 
     bare = {"model": {"class_path": "rlpost.models.sd3.SD3Policy", "init_args": {"pretrained": "tiny-random"}}}
     full = {"model": with_defaults(bare["model"])}

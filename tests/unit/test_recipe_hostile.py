@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlpost import cli
+from rlpost.apps import cli
+from rlpost.core.plugins import reset_host
+from rlpost.core.yaml_limits import MAX_BYTES, MAX_DEPTH, MAX_NODES, YamlLimitError, load_yaml, short_repr
+from rlpost.engine.recipe import MAX_PROBLEM_CHARS, RecipeError, merge_sources
 from rlpost.models.sd3 import SD3Policy
-from rlpost.plugins import reset_host
-from rlpost.recipe import MAX_PROBLEM_CHARS, RecipeError, merge_sources
-from rlpost.yaml_limits import MAX_BYTES, MAX_DEPTH, MAX_NODES, YamlLimitError, load_yaml, short_repr
 
 RECIPES = Path(__file__).resolve().parents[1] / "fixtures" / "recipes"
 HOSTILE = sorted((RECIPES / "hostile").glob("*.yaml"))

@@ -1,4 +1,4 @@
-"""The recipe's one table of sections (``rlpost.recipe.SECTIONS``) and the config classes' own range checks.
+"""The recipe's one table of sections (``rlpost.engine.recipe.SECTIONS``) and the config classes' own range checks.
 
 The table feeds validation, the command-line parser, name resolution and the resume checks; these tests keep the
 places it cannot generate (the :class:`Recipe` dataclass) in step with it, and check that each config class reports
@@ -12,14 +12,22 @@ import json
 
 import pytest
 
-from rlpost.checkpoint import CheckpointConfig
-from rlpost.distributed import DistributedConfig
-from rlpost.ema import EMAConfig
-from rlpost.evaluation import EvalSettings
-from rlpost.guards import GuardConfig
-from rlpost.logging_ import LoggingConfig
-from rlpost.plugins import PluginHost
-from rlpost.recipe import SECTIONS, Recipe, RecipeError, RunConfig, build_parser, state_breaking_changes, validate
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.checkpoint import CheckpointConfig
+from rlpost.engine.distributed import DistributedConfig
+from rlpost.engine.ema import EMAConfig
+from rlpost.engine.evaluation import EvalSettings
+from rlpost.engine.guards import GuardConfig
+from rlpost.engine.logging_ import LoggingConfig
+from rlpost.engine.recipe import (
+    SECTIONS,
+    Recipe,
+    RecipeError,
+    RunConfig,
+    build_parser,
+    state_breaking_changes,
+    validate,
+)
 from tests import toy_components
 from tests.toy_components import toy_recipe
 

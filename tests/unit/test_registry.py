@@ -6,8 +6,8 @@ from typing import ClassVar
 
 import pytest
 
-from rlpost.api import RewardSource, Sampler
-from rlpost.registry import DuplicateComponentError, Registry
+from rlpost.core.api import RewardSource, Sampler
+from rlpost.core.registry import DuplicateComponentError, Registry
 from tests.toy_components import ToyChainSampler, ToyMeanReward
 
 

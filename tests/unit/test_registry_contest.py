@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlpost.api import RewardSource
-from rlpost.registry import ContestedComponentError, DuplicateComponentError, Registry
+from rlpost.core.api import RewardSource
+from rlpost.core.registry import ContestedComponentError, DuplicateComponentError, Registry
 from tests.toy_components import ToyMeanReward
 
 

@@ -1,4 +1,4 @@
-"""The end-of-run report (rlpost.reporting): reward plot and before/after grid from a run directory's files."""
+"""The end-of-run report (rlpost.apps.reporting): reward plot and before/after grid from a run directory's files."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from types import SimpleNamespace
 import torch
 from PIL import Image
 
-from rlpost import reporting
-from rlpost.images import save_images
-from rlpost.plugins import DEFAULT_PLUGINS
+from rlpost.apps import reporting
+from rlpost.core.plugins import DEFAULT_PLUGINS
+from rlpost.ops.images import save_images
 
 PROMPTS = ["a picture of the digit three", "the handwritten number 7", "a two drawn by hand"]
 
 
 def _fake_run(run_dir: Path, evals: tuple[int, ...] = (0, 2)) -> None:
-    """The files a 2-step run with held-out evaluation leaves (shapes as rlpost.runner / rlpost.evaluation write)."""
+    """The files a 2-step run with held-out evaluation leaves (shapes as rlpost.engine.runner / .evaluation write)."""
     run_dir.mkdir(parents=True)
     with (run_dir / "metrics.jsonl").open("w") as fh:
         for step, r in ((1, 0.6), (2, 0.7)):
@@ -62,7 +62,7 @@ SETS = {"heldout": PROMPTS, "pretrain": [f"a handwritten digit {d}" for d in ran
 
 
 def _fake_sets_run(run_dir: Path, evals: tuple[int, ...] = (0, 4)) -> None:
-    """A run with named evaluation sets and a second judge (as rlpost.evaluation writes it)."""
+    """A run with named evaluation sets and a second judge (as rlpost.engine.evaluation writes it)."""
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 4, "reward/weighted": 0.9}) + "\n")
     with (run_dir / "eval.jsonl").open("w") as fh:
@@ -117,7 +117,7 @@ def test_grid_needs_two_evaluations_and_images(tmp_path: Path) -> None:
 
 
 def test_hook_is_registered_and_skips_non_main_ranks(tmp_path: Path) -> None:
-    assert "rlpost.reporting" in DEFAULT_PLUGINS
+    assert "rlpost.apps.reporting" in DEFAULT_PLUGINS
     run = tmp_path / "run"
     _fake_run(run)
     reporting.rlpost_after_run(run=SimpleNamespace(is_main_process=False, output_dir=run), status="completed")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlpost import cli
-from rlpost.checkpoint import CheckpointError, list_checkpoints
-from rlpost.plugins import PluginHost
-from rlpost.recipe import validate
-from rlpost.runner import Runner
+from rlpost.apps import cli
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.checkpoint import CheckpointError, list_checkpoints
+from rlpost.engine.recipe import validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.toy_components import toy_recipe
 
@@ -120,7 +120,7 @@ def test_exact_resume_tiny_sd3_tree(tmp_path, tiny_sd3_dir):
     """Bitwise LoRA equality with the real tree sampler on the tiny SD3 (2 steps vs 1 + resume + 1)."""
     import yaml
 
-    from rlpost.plugins import PluginHost as Host
+    from rlpost.core.plugins import PluginHost as Host
 
     h = Host()
     base = yaml.safe_load((ROOT / "recipes/tiny/treegrpo.yaml").read_text())

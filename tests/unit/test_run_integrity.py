@@ -11,12 +11,12 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from rlpost import cli
-from rlpost.checkpoint import CheckpointError, find_checkpoint, read_checkpoint, write_checkpoint
-from rlpost.export import export_run
-from rlpost.plugins import PluginHost
-from rlpost.recipe import validate
-from rlpost.runner import Runner
+from rlpost.apps import cli
+from rlpost.apps.export import export_run
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.checkpoint import CheckpointError, find_checkpoint, read_checkpoint, write_checkpoint
+from rlpost.engine.recipe import validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.toy_components import toy_recipe
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 import yaml
 
-from rlpost.plugins import PluginHost
-from rlpost.recipe import validate
-from rlpost.runner import Runner
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.toy_components import toy_recipe
 

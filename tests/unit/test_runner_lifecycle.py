@@ -1,5 +1,5 @@
 """``Runner.begin()`` / ``step()`` / ``finish(status)`` (what ``run()`` is made of, and what ``rlpost bench`` drives)
-and the runner's phase timer (``runner.phases``, rlpost/phases.py)."""
+and the runner's phase timer (``runner.phases``, rlpost/engine/phases.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from rlpost.hookspecs import hookimpl
-from rlpost.phases import STEP_PHASES, PhaseTimer
-from rlpost.plugin_errors import PluginRuntimeError
-from rlpost.plugins import PluginHost
-from rlpost.recipe import validate
-from rlpost.runner import Runner
+from rlpost.core.hookspecs import hookimpl
+from rlpost.core.plugin_errors import PluginRuntimeError
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.phases import STEP_PHASES, PhaseTimer
+from rlpost.engine.recipe import validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.toy_components import toy_recipe
 

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.checkpoint import CheckpointError, find_checkpoint, load_tensor_file, read_checkpoint, write_checkpoint
+from rlpost.engine.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    load_tensor_file,
+    read_checkpoint,
+    write_checkpoint,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 UNSAFE = {("pickle", "load"), ("pickle", "loads"), ("pickle", "Unpickler"), ("dill", "load"), ("dill", "loads"),

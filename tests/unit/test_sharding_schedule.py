@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from rlpost.api import Sampler
-from rlpost.contract import Rollout
-from rlpost.prompts import PromptStream
-from rlpost.sharding import GroupSharding, LocalSharding, merge_rollouts
+from rlpost.components.prompts import PromptStream
+from rlpost.core.api import Sampler
+from rlpost.core.contract import Rollout
+from rlpost.engine.sharding import GroupSharding, LocalSharding, merge_rollouts
 from rlpost_dancegrpo.sampler import DanceGRPOSampler
 from rlpost_ddpo.sampler import DDPOSampler
 from rlpost_mixgrpo.sampler import MixGRPOSampler

@@ -8,12 +8,12 @@ import pytest
 import torch
 import yaml
 
-from rlpost import cli
+from rlpost.apps import cli
+from rlpost.components.prompts import HFDatasetPrompts, PromptFile
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import device_problem
 from rlpost.models._common import LoraSpec
 from rlpost.models.sd3 import SD3Policy
-from rlpost.plugins import PluginHost
-from rlpost.prompts import HFDatasetPrompts, PromptFile
-from rlpost.recipe import device_problem
 from tests import toy_components
 from tests.toy_components import toy_recipe
 from tests.weights_standins import write_sd3_standin

@@ -64,7 +64,7 @@ def test_tracker_estimate_broadcasts_to_trainable_edges() -> None:
     trainable = torch.ones(4, 3, dtype=torch.bool)
     trainable[:, 2] = False
     rollout = chain_rollout(2, 2, 3, trainable)
-    from rlpost.contract import RewardScores
+    from rlpost.core.contract import RewardScores
 
     scores = RewardScores({"r": torch.tensor([1.0, 2.0, 3.0, 5.0])}, {"r": 1.0})
     adv = PerPromptStatTracker(buffer_size=4, min_count=2).estimate(rollout, scores)

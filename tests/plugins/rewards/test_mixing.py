@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlpost.contract import RewardScores
+from rlpost.core.contract import RewardScores
 from rlpost.ops.reward_mixing import group_zscore, mix_rewards, validate_reward_weights
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlpost.contract import RewardScores, Rollout
+from rlpost.core.contract import RewardScores, Rollout
 from rlpost_treegrpo.advantage import LeafZScoreAdvantage, TreeBackupAdvantage, backup_values
 
 NAN = float("nan")

@@ -23,8 +23,8 @@ def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run ``rlpost train`` and return the metrics lines and the trainable parameters before/after."""
-    from rlpost import cli
-    from rlpost.runner import Runner
+    from rlpost.apps import cli
+    from rlpost.engine.runner import Runner
 
     seen: dict[str, Any] = {}
     setup = Runner.setup
@@ -84,7 +84,7 @@ def test_train_two_iterations(tiny_sd3_dir: Path, tmp_path: Path, monkeypatch: p
 
 
 def test_leaf_zscore_overlay_runs(tiny_sd3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlpost import cli
+    from rlpost.apps import cli
 
     args = [
         "--recipe",
@@ -109,7 +109,7 @@ def test_leaf_zscore_overlay_runs(tiny_sd3_dir: Path, tmp_path: Path, monkeypatc
 def test_ablation_overlays_validate(overlay: str, tiny_sd3_dir: Path, tmp_path: Path, standin_weights: Path) -> None:  # noqa: F811
     """Every TreeGRPO ablation overlay validates on the tiny recipe and on the SD3.5 recipe (no weights load; the
     SD3.5 weights and reward checkpoints are stood in, tests/weights_standins.py)."""
-    from rlpost import cli
+    from rlpost.apps import cli
 
     tiny = ["--recipe", RECIPE, "--recipe", f"recipes/ablations/{overlay}", "--model.pretrained", str(tiny_sd3_dir)]
     assert cli.main(["validate", *tiny]) == 0

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from rlpost.contract import PromptBatch, Rollout
+from rlpost.core.contract import PromptBatch, Rollout
 from rlpost_treegrpo.advantage import TreeBackupAdvantage
 from rlpost_treegrpo.sampler import WINDOW_START, TreeSampler
 
@@ -129,7 +129,7 @@ def test_rollout_is_reproducible_and_backup_runs(policies: dict[float, Any]) -> 
     a, _ = run(policies[1.0], sampler, seed=7)
     b, _ = run(policies[1.0], sampler, seed=7)
     assert torch.equal(a.states, b.states) and a.stash[WINDOW_START] == b.stash[WINDOW_START]
-    from rlpost.contract import RewardScores
+    from rlpost.core.contract import RewardScores
 
     rewards = a.images.float().mean(dim=(1, 2, 3))
     adv = TreeBackupAdvantage().estimate(a, RewardScores({"r": rewards}, {"r": 1.0}))
@@ -161,7 +161,7 @@ def _canonical(rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
 def test_groups_batched_in_one_forward_equal_groups_sampled_alone(policies: dict[float, Any], tail: Any) -> None:
     """Four groups in one rollout_groups call (one transformer call per depth) give the leaves, window edges and
     log-probs of four one-group rollouts with the same per-group generators, with the same transformer rows."""
-    from rlpost.sharding import merge_rollouts
+    from rlpost.engine.sharding import merge_rollouts
     from tests.tolerances import assert_fp32_close, assert_pixels_close
 
     policy = policies[3.0]

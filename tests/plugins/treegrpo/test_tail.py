@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from rlpost.api import Conditioning, Policy
-from rlpost.contract import PromptBatch, Rollout
+from rlpost.core.api import Conditioning, Policy
+from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.ops.kernels import dpm_solver_pp2_step
 from rlpost_treegrpo.sampler import WINDOW_START, TreeSampler
 from tests.tolerances import assert_fp32_close

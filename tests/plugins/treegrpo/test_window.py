@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from rlpost.contract import PromptBatch
+from rlpost.core.contract import PromptBatch
 from rlpost_treegrpo.sampler import TreeSampler
 from rlpost_treegrpo.window import draw_window_start, progressive_start, progressive_starts, window_probs
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from rlpost.api import Sampler
-from rlpost.contract import PromptBatch, Rollout
-from rlpost.hookspecs import hookimpl
-from rlpost.sampling import RolloutBuilder
+from rlpost.core.api import Sampler
+from rlpost.core.contract import PromptBatch, Rollout
+from rlpost.core.hookspecs import hookimpl
+from rlpost.ops.sampling import RolloutBuilder
 
 
 def chain_rollout(num_groups: int, per_group: int, num_steps: int, trainable: torch.Tensor) -> Rollout:
@@ -51,12 +51,12 @@ class WeightProbe:
 
 def train_two_iterations(recipe: str, tiny_sd3_dir: Path, out: Path) -> tuple[list[dict[str, Any]], WeightProbe]:
     """Run ``rlpost train`` for 2 steps on the tiny SD3 through the CLI; returns the metrics lines and the probe."""
-    from rlpost.cli import main
-    from rlpost.plugins import PluginHost, reset_host
+    from rlpost.apps.cli import main
+    from rlpost.core.plugins import PluginHost, reset_host
 
     probe = WeightProbe()
     reset_host(PluginHost())
-    from rlpost.plugins import get_host
+    from rlpost.core.plugins import get_host
 
     get_host().register_plugin(probe, name="test-weight-probe")
     try:

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from rlpost.api import Advantages, EdgeEval, UpdateContext
 from rlpost.components.clipped_surrogate import ClippedSurrogate, parent_aligned_chunks
-from rlpost.contract import Rollout
+from rlpost.core.api import Advantages, EdgeEval, UpdateContext
+from rlpost.core.contract import Rollout
 
 
 def test_parent_aligned_chunks_never_split_a_parent():
@@ -195,7 +195,7 @@ def _ctx(rollout, sampler, backend, adv, seed: int = 0) -> UpdateContext:
 
 def _sgd_update(rule: ClippedSurrogate, edges: int, lr: float) -> tuple[dict[str, float], torch.nn.Parameter]:
     """One update of ``rule`` on ``edges`` single-child parents with A = +1, through the real LocalBackend + SGD."""
-    from rlpost.backend import LocalBackend
+    from rlpost.engine.backend import LocalBackend
 
     theta = torch.nn.Parameter(torch.zeros(()))
     old = torch.zeros(edges)
@@ -334,7 +334,7 @@ def test_sample_units_on_a_tree_are_an_error_naming_the_field():
 
 class _Counts:
     def __init__(self, images: int, edges: int, forwards: int) -> None:
-        from rlpost.api import StepCounts
+        from rlpost.core.api import StepCounts
 
         self.c = StepCounts(images=images, trainable_edges=edges, rollout_forwards=0, train_forwards=forwards)
 

@@ -7,8 +7,8 @@ import torch
 
 from rlpost.components.chain import edge_sample_ids, node_sample_ids
 from rlpost.components.group_zscore import GroupZScoreAdvantage
-from rlpost.contract import PromptBatch, RewardScores
-from rlpost.sampling import RolloutBuilder
+from rlpost.core.contract import PromptBatch, RewardScores
+from rlpost.ops.sampling import RolloutBuilder
 from tests.unit.components.chain_helpers import chain_rollout
 
 
@@ -90,7 +90,7 @@ def test_tree_rollouts_are_rejected() -> None:
 
 
 def test_registered_as_core_component() -> None:
-    from rlpost.plugins import PluginHost
+    from rlpost.core.plugins import PluginHost
 
     host = PluginHost(load_entrypoints=False)
     assert host.registry("advantage").get("group-zscore").cls is GroupZScoreAdvantage

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from rlpost.digits import DIGITS_SD3_DIR, rlpost_register_prompt_sources, rlpost_register_reward_sources
-from rlpost.digits.classifier import DigitClassifier, heldout_accuracy, load_classifier
-from rlpost.digits.data import (
+from rlpost.models.sd3 import SD3Policy
+from rlpost_digits import DIGITS_SD3_DIR, rlpost_register_prompt_sources, rlpost_register_reward_sources
+from rlpost_digits.classifier import DigitClassifier, heldout_accuracy, load_classifier
+from rlpost_digits.data import (
     DIGIT_WORDS,
     EVAL_TEMPLATES,
     PROMPT_SPLITS,
@@ -24,12 +25,11 @@ from rlpost.digits.data import (
     prompts_for,
     upsample_digits,
 )
-from rlpost.digits.evaluate import DEFAULT_GUIDANCE, generate
-from rlpost.digits.judge import DigitJudge, augment, judge_accuracy, load_judge, train_judge
-from rlpost.digits.pretrain import CLIP_MAX_LENGTH, MAX_SEQUENCE_LENGTH, identity_vae, pretrain
-from rlpost.digits.prompts import DigitsPrompts
-from rlpost.digits.reward import DigitAlignmentReward, DigitJudgeReward, requested_digit
-from rlpost.models.sd3 import SD3Policy
+from rlpost_digits.evaluate import DEFAULT_GUIDANCE, generate
+from rlpost_digits.judge import DigitJudge, augment, judge_accuracy, load_judge, train_judge
+from rlpost_digits.pretrain import CLIP_MAX_LENGTH, MAX_SEQUENCE_LENGTH, identity_vae, pretrain
+from rlpost_digits.prompts import DigitsPrompts
+from rlpost_digits.reward import DigitAlignmentReward, DigitJudgeReward, requested_digit
 
 # The shipped model clears this with margin at NFE 10, CFG 4, seed 0 (docs/digits.md reports the 200-sample score).
 SAMPLE_ACCURACY_FLOOR = 0.8

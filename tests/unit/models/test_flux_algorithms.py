@@ -13,10 +13,10 @@ import torch
 import yaml
 from PIL import Image
 
-from rlpost import cli
-from rlpost.plugins import PluginHost
-from rlpost.recipe import RecipeError, validate
-from rlpost.runner import Runner
+from rlpost.apps import cli
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.recipe import RecipeError, validate
+from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.tolerances import assert_pixels_close
 from tests.unit.components.chain_helpers import check_end_to_end, train_two_iterations

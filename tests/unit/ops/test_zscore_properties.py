@@ -22,9 +22,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from rlpost.api import AdvantageEstimator, Advantages
 from rlpost.components.group_zscore import GroupZScoreAdvantage
-from rlpost.contract import RewardScores, Rollout
+from rlpost.core.api import AdvantageEstimator, Advantages
+from rlpost.core.contract import RewardScores, Rollout
 from rlpost.ops.reward_mixing import group_zscore
 from rlpost_ddpo.advantage import PerPromptStatTracker
 from rlpost_treegrpo.advantage import LeafZScoreAdvantage, TreeBackupAdvantage

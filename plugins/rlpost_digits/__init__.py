@@ -1,0 +1,34 @@
+"""The digits world: a tiny real-architecture SD3 pretrained on sklearn digits, a frozen digits classifier, the
+``digit-alignment`` reward, an independent second judge (``digit-judge``, for evaluation) and the ``digit-prompts``
+prompt source. A complete, download-free RL post-training setting for CPUs (``docs/digits.md``).
+
+Registering costs nothing: the hooks import their modules lazily, and weights load in ``setup()``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlpost import PromptSource, Registry, RewardSource, hookimpl
+
+__all__ = ["DIGITS_SD3_DIR", "rlpost_register_prompt_sources", "rlpost_register_reward_sources"]
+
+DIGITS_SD3_DIR = Path(__file__).resolve().parents[2] / "assets" / "digits-sd3"
+"""The shipped digits pipeline (``assets/digits-sd3`` at the repository root)."""
+
+
+@hookimpl
+def rlpost_register_reward_sources(register: Registry[RewardSource]) -> None:
+    """Register ``digit-alignment`` (the training reward) and ``digit-judge`` (the evaluation-only second judge)."""
+    from rlpost_digits.reward import DigitAlignmentReward, DigitJudgeReward
+
+    register(DigitAlignmentReward)
+    register(DigitJudgeReward)
+
+
+@hookimpl
+def rlpost_register_prompt_sources(register: Registry[PromptSource]) -> None:
+    """Register ``digit-prompts``."""
+    from rlpost_digits.prompts import DigitsPrompts
+
+    register(DigitsPrompts)

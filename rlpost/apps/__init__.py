@@ -1,0 +1,1 @@
+"""Applications on top of the engine: the ``rlpost`` CLI, ``sample``/``export``, reports and progress bars."""

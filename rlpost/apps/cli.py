@@ -1,0 +1,283 @@
+"""The ``rlpost`` command line.
+
+    rlpost train    --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...] [--print_config]
+                    [--resume latest|RUN_DIR|CHECKPOINT_DIR]
+    rlpost train    --help | --sampler.help NAME  (likewise --model/--prompts/--rewards/--advantage/--optimizer)
+    rlpost validate --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...]
+    rlpost sample   --run DIR [--checkpoint latest|PATH] (--prompt "..." ... | --prompts-file F) --out DIR
+                    [--num-steps N] [--seed S] [--batch-size B] [--device D]
+    rlpost export   --run DIR --out DIR [--checkpoint latest|PATH]
+    rlpost plugins list [--json] [--all]
+    rlpost --version
+    rlpost bench    --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]   (rlpost.bench)
+
+Recipe files and ``--a.b value`` options are merged by jsonargparse in command-line order: a later file or option
+overlays earlier ones (values are parsed as YAML; ``--sampler.k 4`` means ``sampler.init_args.k``).
+``rlpost train --help`` lists every option with the help text taken from the components' docstrings;
+``--sampler.help tree`` lists one component's options.
+Third-party progress bars and notices are silenced; ``RLPOST_VERBOSE=1`` keeps them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from jsonargparse import ArgumentParser, Namespace
+from rich.console import Console
+from rich.table import Table
+
+from rlpost.core.plugin_errors import PluginRuntimeError
+from rlpost.core.plugins import PluginHost, get_host
+from rlpost.engine.checkpoint import CheckpointError
+from rlpost.engine.guards import NonFiniteError
+from rlpost.engine.recipe import Recipe, RecipeError, build_parser, parse_recipe_args, validate
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """Bad command-line usage."""
+
+
+def _add_cli_options(parser: ArgumentParser) -> None:
+    """The options of ``train``/``validate`` that are neither recipe fields nor ``--recipe`` (which is the recipe
+    parser's own ``ActionConfigFile``, :func:`rlpost.engine.recipe.build_parser`)."""
+    group = parser.add_argument_group("command line", "what is done with the recipe")
+    group.add_argument(
+        "--resume", type=str | None, default=None, help="train only: latest, a run directory or a checkpoint directory"
+    )
+    group.add_argument("--print_config", action="store_true", help="train only: print the resolved recipe and exit")
+
+
+def _load(args: Sequence[str], host: PluginHost) -> tuple[Recipe | None, Namespace | None]:
+    """Parse and validate a ``train``/``validate`` command line with jsonargparse (:func:`parse_recipe_args`).
+    Returns ``(None, None)`` after a help text was printed (``--help``, ``--KEY.help NAME``); jsonargparse prints it
+    and exits, and it goes to stdout here without reST double backticks."""
+    parser = build_parser()
+    _add_cli_options(parser)
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            cfg, namespace = parse_recipe_args(parser, args, host)
+    except SystemExit as exc:  # jsonargparse's help actions exit after printing
+        sys.stdout.write(buffer.getvalue().replace("``", ""))
+        if exc.code not in (None, 0):
+            raise UsageError(f"bad command line (exit status {exc.code})") from None
+        return None, None
+    return validate(cfg, host), namespace
+
+
+class _BelowError(logging.Filter):
+    """Drops a third-party logger's records below ERROR (its level may be reset on import; a filter stays)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+_QUIET = _BelowError()
+QUIET_LOGGERS = ("DeepSpeed",)
+"""Loggers that print start-up notices (DeepSpeed: "Setting accelerator to CPU") into a normal run."""
+
+
+def _quiet_third_party() -> None:
+    """Silence third-party progress bars and notices in normal runs (``RLPOST_VERBOSE=1`` keeps them): the model
+    libraries' own tqdm bars (e.g. "Writing model shards" when the tiny model is built) and info/warning logs.
+    Environment defaults only take effect for libraries not yet imported, which is why the CLI sets them first;
+    a variable the user set is kept."""
+    if os.environ.get("RLPOST_VERBOSE", "") not in ("", "0"):
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers and huggingface_hub bars
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if _QUIET not in logger.filters:
+            logger.addFilter(_QUIET)
+
+
+def _print_derived(recipe: Recipe, console: Console) -> None:
+    table = Table(title="derived quantities (per training step)", show_header=False)
+    for key, value in recipe.derived().items():
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+def cmd_validate(args: Sequence[str]) -> int:
+    """Validate recipes without loading any model; exit 0 when valid, 2 with every problem listed otherwise."""
+    console = Console(stderr=True)
+    recipe, _ = _load(args, get_host())
+    if recipe is None:
+        return 0
+    _print_derived(recipe, console)
+    console.print(
+        f"[green]recipe OK[/green]: sampler={recipe.sampler.name} advantage={recipe.advantage.name} "
+        f"optimizer={recipe.optimizer.name} rewards={[r.name for r in recipe.rewards]}"
+    )
+    return 0
+
+
+def cmd_train(args: Sequence[str]) -> int:
+    """Validate the recipe, print derived quantities, and run the training loop."""
+    from rlpost.apps.progress import RichProgress
+    from rlpost.engine.runner import Runner
+
+    host = get_host()
+    recipe, namespace = _load(args, host)
+    if recipe is None or namespace is None:
+        return 0
+    if namespace.print_config:
+        sys.stdout.write(yaml.safe_dump(recipe.config, sort_keys=False))
+        return 0
+    console = Console(stderr=True)
+    if os.environ.get("RANK", "0") == "0":  # only the main process prints under torchrun / deepspeed
+        _print_derived(recipe, console)
+    runner = Runner(recipe, host, resume=namespace.resume)
+    if recipe.run.progress and runner.ctx.is_main_process:
+        host.register_plugin(RichProgress(console), name="rlpost.apps.progress")
+    try:
+        runner.run()
+    finally:
+        host.unregister_plugin("rlpost.apps.progress")
+    if runner.ctx.is_main_process:  # also without the progress bar: a run ends with at least one line saying so
+        console.print(f"rlpost train: completed {runner.ctx.step} step(s); run directory {runner.rundir.path}")
+    return 0
+
+
+def cmd_sample(argv: Sequence[str]) -> int:
+    """Generate PNGs from a run's checkpoint with the deterministic ODE sampler."""
+    from rlpost.apps.sample import sample_run
+
+    parser = argparse.ArgumentParser(prog="rlpost sample", description=cmd_sample.__doc__)
+    parser.add_argument("--run", required=True, help="the run directory")
+    parser.add_argument("--checkpoint", default="latest", help="latest (default) or a checkpoint directory")
+    parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    parser.add_argument("--prompts-file", help="a text file with one prompt per line")
+    parser.add_argument("--out", required=True, help="output directory for the PNGs")
+    parser.add_argument("--num-steps", type=int, default=None, help="ODE steps (default: the recipe's eval NFE)")
+    parser.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--device", default=None, help="default: the recipe's run.device")
+    ns = parser.parse_args(argv)
+    prompts = list(ns.prompt)
+    if ns.prompts_file:
+        prompts += [ln.strip() for ln in Path(ns.prompts_file).read_text().splitlines() if ln.strip()]
+    if not prompts:
+        raise UsageError("give --prompt TEXT (repeatable) or --prompts-file FILE")
+    paths = sample_run(
+        Path(ns.run), get_host(), prompts, Path(ns.out), ns.checkpoint, ns.num_steps, ns.seed, ns.batch_size, ns.device
+    )
+    print(f"wrote {len(paths)} image(s) to {ns.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_export(argv: Sequence[str]) -> int:
+    """Write a run's diffusers-loadable weights (LoRA or transformer/) with a model card."""
+    from rlpost.apps.export import export_run
+
+    parser = argparse.ArgumentParser(prog="rlpost export", description=cmd_export.__doc__)
+    parser.add_argument("--run", required=True, help="the run directory")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--checkpoint", default="latest", help="latest (default) or a checkpoint directory")
+    parser.add_argument(
+        "--license",
+        default=None,
+        help="license id for the model card (e.g. apache-2.0); default: the base model's, else 'other'",
+    )
+    ns = parser.parse_args(argv)
+    out = export_run(Path(ns.run), Path(ns.out), ns.checkpoint, license=ns.license)
+    print(f"exported to {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_plugins(argv: Sequence[str]) -> int:
+    """List plugins with their version, components, hooks, status and load error."""
+    parser = argparse.ArgumentParser(prog="rlpost plugins")
+    sub = parser.add_subparsers(dest="action", required=True)
+    ls = sub.add_parser("list", help="list installed plugins")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument("--all", action="store_true", help="include core built-in modules")
+    ns = parser.parse_args(argv)
+    infos = get_host().plugins(include_builtin=ns.all)
+    if ns.json:
+        print(json.dumps([info.to_json() for info in infos], indent=2))
+        return 0
+    table = Table(title="rlpost plugins")
+    for column in ("name", "distribution", "version", "status", "components", "hooks"):
+        table.add_column(column)
+    for info in infos:
+        status = info.status if info.error is None else f"{info.status}: {info.error}"
+        table.add_row(
+            info.name, info.distribution, info.version, status, "\n".join(info.components), "\n".join(info.hooks)
+        )
+    console = Console()
+    if not console.is_terminal:  # piped or redirected: as wide as the table needs, never truncated to 80 columns
+        console = Console(width=max(80, Console(width=100_000).measure(table).maximum))
+    console.print(table)
+    return 0
+
+
+def cmd_bench(argv: Sequence[str]) -> int:
+    """Run TreeGRPO, DanceGRPO, MixGRPO and DDPO interleaved in one process and report speed and rewards."""
+    from rlpost.bench import main as bench_main
+
+    return bench_main(argv)
+
+
+COMMANDS = {
+    "train": cmd_train,
+    "validate": cmd_validate,
+    "sample": cmd_sample,
+    "export": cmd_export,
+    "plugins": cmd_plugins,
+    "bench": cmd_bench,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rlpost`` console script; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    # The ``deepspeed`` launcher inserts --local_rank=N before the subcommand; ranks are read from LOCAL_RANK.
+    args = [a for a in args if not a.startswith(("--local_rank=", "--local-rank="))]
+    if args and args[0] in ("--version", "-V"):
+        import rlpost
+
+        print(f"rlpost {rlpost.__version__}")
+        return 0
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__.strip().replace("``", ""))
+        return 0
+    if not args or args[0] not in COMMANDS:
+        print(__doc__.strip().replace("``", ""), file=sys.stderr)
+        if args and args[0] not in ("-h", "--help"):
+            print(f"\nrlpost: unknown command {args[0]!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+            return 2
+        return 0 if args else 2
+    if args[0] in ("train", "sample", "export", "bench"):
+        _quiet_third_party()
+    try:
+        return COMMANDS[args[0]](args[1:])
+    except RecipeError as exc:
+        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
+        return 2
+    except (UsageError, FileExistsError, CheckpointError) as exc:
+        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
+        return 2
+    except NonFiniteError as exc:
+        print(f"rlpost {args[0]}: stopped by a non-finite guard: {exc}", file=sys.stderr)
+        return 3
+    except PluginRuntimeError as exc:  # names distribution, plugin and component/hook: no traceback needed
+        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
+        return 4
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""``rlpost sample``: images from a run's checkpoint.
+
+:func:`sample_run` rebuilds the policy from the run's ``recipe.yaml``, loads the checkpoint's trainable weights (EMA
+weights when the run kept them) and samples PNGs with the held-out ODE sampler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.backend import resolve_device
+from rlpost.engine.checkpoint import find_checkpoint, read_checkpoint
+from rlpost.engine.evaluation import ode_sample
+from rlpost.engine.recipe import validate
+from rlpost.engine.rundir import RunDirectory
+from rlpost.engine.weights import load_trainable
+from rlpost.ops.images import save_images
+
+__all__ = ["sample_run"]
+
+
+def sample_run(
+    run_dir: Path,
+    host: PluginHost,
+    prompts: Sequence[str],
+    out: Path,
+    checkpoint: str = "latest",
+    num_steps: int | None = None,
+    seed: int = 0,
+    batch_size: int = 4,
+    device: str | None = None,
+) -> list[Path]:
+    """Generate one PNG per prompt from a run's checkpoint (image ``i`` uses seed ``seed + i``).
+
+    Raises:
+        CheckpointError: No such checkpoint, or its weights do not fit the rebuilt policy.
+        RecipeError: The run's stored recipe no longer validates (e.g. a plugin is missing).
+    """
+    info = find_checkpoint(checkpoint, run_dir)
+    stored = RunDirectory(run_dir).stored_recipe()
+    # Sampling logs nothing and runs in one process: a run trained with TensorBoard, W&B or DeepSpeed must sample on
+    # a host without them, so those sections are not validated again; ``device`` replaces the training device.
+    for section in ("logging", "distributed"):
+        stored.pop(section, None)
+    if device is not None and isinstance(stored.get("run"), dict):
+        stored["run"] = {**stored["run"], "device": device}
+    recipe = validate(stored, host)
+    recipe.model.setup(resolve_device(device or recipe.run.device))
+    weights, _, ema = read_checkpoint(info)
+    load_trainable(recipe.model.trainable_parameters(), ema if ema is not None else weights)
+    if num_steps is None:
+        num_steps = (
+            recipe.eval.settings.num_steps if recipe.eval is not None else int(getattr(recipe.sampler, "num_steps", 20))
+        )
+    recipe.model.train(False)
+    images = ode_sample(recipe.model, list(prompts), [seed + i for i in range(len(prompts))], num_steps, batch_size)
+    paths = save_images(images, out)
+    (out / "prompts.txt").write_text("".join(f"{p.name}\t{seed + i}\t{prompts[i]}\n" for i, p in enumerate(paths)))
+    return paths

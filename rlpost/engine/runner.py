@@ -1,0 +1,565 @@
+"""The online RL loop: prompts -> rollout -> rewards -> advantages -> policy update -> hooks.
+
+There is no algorithm name in this file: what varies between TreeGRPO, DanceGRPO, MixGRPO and DDPO lives in the
+sampler, advantage estimator and update rule the recipe chose. Around the loop: non-finite guards
+(:mod:`rlpost.engine.guards`), periodic held-out evaluation (:mod:`rlpost.engine.evaluation`), atomic checkpoints and
+exact resume (:mod:`rlpost.engine.checkpoint`), optional EMA (:mod:`rlpost.engine.ema`) and metric sinks
+(:mod:`rlpost.engine.logging_`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import random
+import resource
+import sys
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from rlpost.components.prompts import PromptStream
+from rlpost.core.api import Advantages, UpdateContext
+from rlpost.core.context import RunContext
+from rlpost.core.contract import RewardScores, Rollout
+from rlpost.core.plugin_errors import PluginRuntimeError
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.backend import EngineBackend, LocalBackend, resolve_device
+from rlpost.engine.checkpoint import (
+    CheckpointError,
+    CheckpointInfo,
+    find_checkpoint,
+    read_checkpoint,
+    rotate,
+    write_checkpoint,
+)
+from rlpost.engine.distributed import DeepSpeedBackend, World
+from rlpost.engine.ema import EMA
+from rlpost.engine.evaluation import Evaluator, image_dir
+from rlpost.engine.guards import Guards
+from rlpost.engine.logging_ import MetricsLogger
+from rlpost.engine.phases import STEP_PHASES, PhaseTimer
+from rlpost.engine.recipe import Recipe, state_breaking_changes
+from rlpost.engine.rundir import RunDirectory
+from rlpost.engine.sharding import STREAM_MINIBATCH, STREAM_ROLLOUT, GroupSharding, LocalSharding, stream_generator
+from rlpost.engine.weights import write_diffusers_artifacts
+from rlpost.ops.images import save_grid
+
+__all__ = ["Runner"]
+
+
+class Runner:
+    """Drives a recipe's components through ``run.max_steps`` training steps.
+
+    :meth:`run` is the whole life of a run; a driver that schedules steps itself (``rlpost bench`` interleaves
+    several runners) uses the same pieces: :meth:`begin`, then :meth:`step` (and :meth:`evaluate`,
+    :meth:`save_checkpoint`) as it sees fit, then :meth:`finish` with the final status, also on failure.
+
+    Args:
+        recipe: A validated recipe (see :func:`rlpost.engine.recipe.load_recipe`).
+        host: The plugin host whose lifecycle hooks are called.
+        resume: ``None`` for a new run; ``"latest"``, a run directory or a checkpoint directory to continue one.
+    """
+
+    def __init__(self, recipe: Recipe, host: PluginHost, resume: str | None = None) -> None:
+        self.recipe = recipe
+        self.host = host
+        self.resume = resume
+        self.device = resolve_device(recipe.run.device)
+        self.rundir = RunDirectory(Path(recipe.run.output_dir))
+        self.ctx = RunContext(recipe=recipe, output_dir=self.rundir.path)
+        self.seed = recipe.run.seed
+        self.rollout_gen = stream_generator(self.seed, STREAM_ROLLOUT)
+        self.minibatch_gen = stream_generator(self.seed, STREAM_MINIBATCH)
+        self.stream: PromptStream | None = None
+        self.backend: EngineBackend | None = None
+        self.world: World | None = None
+        self.shard: LocalSharding | GroupSharding = LocalSharding(self.seed, self.rollout_gen, self.minibatch_gen)
+        self.guards = Guards(recipe.guards)
+        self.ema: EMA | None = None
+        self.evaluator: Evaluator | None = None
+        self.logger: MetricsLogger | None = None
+        self.last_saved_step = -1
+        self.phases = PhaseTimer()
+        """Wall time of each step phase and of evaluations (:mod:`rlpost.engine.phases`)."""
+
+    # ------------------------------------------------------------------------------------------------ set-up
+
+    def setup(self) -> None:
+        """Create (or reopen, when resuming) the run directory, load weights, build the torch optimizer, the prompt
+        stream, EMA, evaluator and trackers; then restore the checkpoint when resuming.
+
+        Raises:
+            CheckpointError: The resume cannot be honoured (checked before any weights load).
+        """
+        r = self.recipe
+        checkpoint = self._check_resume() if self.resume is not None else None
+        if r.distributed is not None:
+            self._start_world()
+        if checkpoint is None and self.ctx.is_main_process:
+            self.rundir.create(r.config, self.host.plugins(include_builtin=True))
+        self.shard.barrier()  # rank 0 created the run directory
+        # The global RNGs drive weight initialisation (e.g. LoRA's A matrices) and dropout: seed them so two runs of
+        # one recipe start from the same weights (a resume then restores their saved states).
+        torch.manual_seed(self.seed)
+        random.seed(self.seed)
+        np.random.seed(self.seed % 2**32)
+        r.model.setup(self.device)
+        for reward in r.rewards:
+            reward.setup(self.device)
+        params = r.model.trainable_parameters()
+        optimizer = r.torch_optimizer(params)
+        scheduler = r.lr_scheduler(optimizer) if r.lr_scheduler is not None else None
+        if r.distributed is not None and self.world is not None:
+            from rlpost.engine.distributed import policy_module
+
+            self.backend = DeepSpeedBackend(
+                policy_module(r.model), params, optimizer, scheduler, r.run.max_grad_norm, r.distributed, self.world
+            )
+            if isinstance(self.shard, GroupSharding):
+                self.shard.backend = self.backend
+        else:
+            self.backend = LocalBackend(params, optimizer, scheduler, r.run.max_grad_norm)
+        self.stream = PromptStream(r.prompts.load(), seed=self.seed)
+        if r.ema is not None:  # under ZeRO the EMA keeps only this rank's share of the weights
+            self.ema = EMA(params, r.ema, self.backend.weight_shards())
+        if r.eval is not None:
+            self.evaluator = Evaluator(r.eval, r.model, self.rundir.path)
+            self.evaluator.setup(self.device, already_set_up=r.rewards)
+        if self.ctx.is_main_process:
+            self.logger = MetricsLogger(self.rundir, r.logging, self.rundir.path.name, r.config)
+        if checkpoint is not None:
+            self.load_checkpoint(checkpoint)
+
+    def _start_world(self) -> None:
+        """Join the process group; this rank's device, rank and the group-aware work split follow from it."""
+        from rlpost.engine.distributed import init_world
+
+        assert self.recipe.distributed is not None
+        self.world = world = init_world(self.recipe.distributed, self.recipe.run.device)
+        self.device = world.device
+        self.ctx.rank, self.ctx.world_size = world.rank, world.world_size
+        self.shard = GroupSharding(self.seed, world.rank, world.world_size, world.all_gather, world.barrier)
+
+    def _check_resume(self) -> CheckpointInfo:
+        """Find the checkpoint and compare the stored recipe with this one, before anything heavy loads."""
+        assert self.resume is not None
+        info = find_checkpoint(self.resume, self.rundir.path)
+        run_dir = info.path.parent.parent
+        if run_dir.resolve() != self.rundir.path.resolve():
+            # Resuming always continues the checkpoint's own run directory.
+            self.rundir = RunDirectory(run_dir)
+            self.ctx.output_dir = run_dir
+        try:
+            stored = self.rundir.stored_recipe()
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"cannot resume: {exc}") from None
+        breaking = state_breaking_changes(stored, self.recipe.config)
+        if breaking:
+            raise CheckpointError(
+                f"cannot resume from {info.path}: the recipe changed in a way the checkpoint cannot honour:\n  - "
+                + "\n  - ".join(breaking)
+                + "\nstart a new run (another run.output_dir) instead"
+            )
+        stored_seed = int(stored.get("run", {}).get("seed", self.seed))
+        if stored_seed != self.seed:
+            warnings.warn(
+                f"run.seed changed from {stored_seed} to {self.seed}; resuming with the checkpoint's seed and RNG "
+                "states (the new seed is ignored)",
+                UserWarning,
+                stacklevel=2,
+            )
+            self.seed = self.shard.seed = stored_seed
+        return info
+
+    # ------------------------------------------------------------------------------------------------- steps
+
+    def score(self, rollout: Rollout) -> RewardScores:
+        """Score the rollout's images with every reward source; non-finite scores are recorded by the guards.
+
+        With several sources they score concurrently, one worker thread each (torch, PIL and HTTP release the GIL),
+        so a step waits for the slowest reward rather than the sum of all of them.
+        """
+        rewards = self.recipe.rewards
+        args = (rollout.images, rollout.sample_prompts, rollout.sample_metadata)
+
+        def run(reward: Any) -> Any:
+            try:
+                return reward.score(*args)
+            except Exception as exc:  # noqa: BLE001 - a plugin's failure becomes a guard event naming it
+                return exc
+
+        if len(rewards) == 1:
+            results = [run(rewards[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=len(rewards), thread_name_prefix="rlpost-reward") as pool:
+                results = list(pool.map(run, rewards))
+        scores = {}
+        n = rollout.num_samples
+        for reward, raw in zip(rewards, results, strict=True):
+            problem = _reward_problem(raw, n)
+            if problem is not None:
+                # A failed reward counts like a non-finite one: NaN scores keep the step's bookkeeping shaped, the
+                # guards skip the update (``skip``) or save a checkpoint and stop naming the plugin (``stop``).
+                distribution, plugin = self.host.component_origin("reward", reward)
+                self.guards.plugin_failed(PluginRuntimeError(distribution, plugin, f"reward {reward.name!r}", problem))
+                scores[reward.name] = torch.full((n,), float("nan"))
+                continue
+            values = raw.float().cpu()
+            self.guards.finite_mask("reward", values, f"reward {reward.name!r}")
+            scores[reward.name] = values
+        return RewardScores(scores=scores, weights=dict(self.recipe.reward_weights))
+
+    def step(self) -> dict[str, float]:
+        """One training step; returns its metrics (identical on every rank). Each phase is timed in
+        :attr:`phases` (:mod:`rlpost.engine.phases`)."""
+        assert self.stream is not None and self.backend is not None, "call setup() first"
+        r, shard, timed = self.recipe, self.shard, self.phases.timed
+        self.phases.start_step()
+        self.guards.begin_step()
+        with timed("rollout"):
+            batch = shard.next_batch(self.stream, r.run.groups_per_step, r.run.samples_per_group)
+            with torch.no_grad():
+                rollout = shard.rollout(r.sampler, r.model, batch, self.ctx.step)
+            self._guard_log_probs(rollout)
+        self.host.after_rollout(self.ctx, rollout)
+        with timed("reward"):
+            scores = self.score(rollout)  # each rank scores its own samples
+        self.host.after_rewards(self.ctx, rollout, scores)
+        view = shard.gather(rollout, scores, self.guards)  # whole groups of every rank (the rollout itself locally)
+        adv_metrics: dict[str, float] = {}
+        update: dict[str, float] = {}
+        if not self.guards.tripped:  # a non-finite reward poisons its group's advantages: skip the update
+            with timed("advantage"):
+                advantages = view.local(self._guard_advantages(r.advantage.estimate(view.rollout, view.scores)))
+            self.host.after_advantages(self.ctx, rollout, advantages)
+            adv_metrics, gen = advantages.metrics, shard.minibatch_generator(self.ctx.step)
+            with timed("update"):
+                ctx = UpdateContext(r.model, r.sampler, rollout, advantages, self.backend, gen, self.ctx.step)
+                update = shard.reduce(r.optimizer.update(ctx))
+            self._guard_update(update)
+        metrics = self._metrics(view.rollout, view.scores, adv_metrics, update) | self.guards.metrics()
+        self.ctx.step += 1
+        self.ctx.history.append(metrics)
+        if self.ema is not None:
+            self.ema.update(self.ctx.step)
+        if self.logger is not None and self.ctx.step % r.run.log_every == 0:
+            self.logger.log(self.ctx.step, metrics)
+        self._maybe_grid(rollout, scores)
+        self.host.after_step(self.ctx, metrics)
+        if self.guards.should_stop():
+            self._stop_on_guard()
+        return metrics
+
+    def _guard_log_probs(self, rollout: Rollout) -> None:
+        """Behaviour log-probs of trainable edges must be finite; bad edges are made untrainable."""
+        trainable = rollout.trainable
+        if not bool(trainable.any()):
+            return
+        finite = self.guards.finite_mask("logprob", rollout.old_log_probs[trainable], "the sampler's log-probs")
+        if not bool(finite.all()):
+            idx = torch.nonzero(trainable, as_tuple=False).flatten()
+            keep = trainable.clone()
+            keep[idx[~finite.to(idx.device)]] = False
+            rollout.trainable = keep
+
+    def _guard_advantages(self, advantages: Advantages) -> Advantages:
+        """Non-finite advantages become 0 (their edges contribute no gradient)."""
+        finite = self.guards.finite_mask("advantage", advantages.edges, f"advantage {self.recipe.advantage.name!r}")
+        if bool(finite.all()):
+            return advantages
+        edges = torch.where(finite, advantages.edges, torch.zeros_like(advantages.edges))
+        samples = torch.nan_to_num(advantages.samples, nan=0.0, posinf=0.0, neginf=0.0)
+        return Advantages(edges=edges, samples=samples, metrics=advantages.metrics)
+
+    def _guard_update(self, update: dict[str, float]) -> None:
+        """The update rule skips non-finite losses and the backend non-finite gradients; count them here."""
+        self.guards.record("loss", int(update.get("train/nonfinite_loss", 0.0) or 0), "the policy loss")
+        self.guards.record("grad", int(update.get("train/nonfinite_grad_steps", 0.0) or 0), "the gradients")
+
+    def _stop_on_guard(self) -> None:
+        error = self.guards.error(self.ctx.step)
+        try:
+            self.save_checkpoint(reason="guard-stop")
+        except (CheckpointError, PluginRuntimeError) as exc:
+            raise error from exc
+        raise error
+
+    def _maybe_grid(self, rollout: Rollout, scores: RewardScores) -> None:
+        every = self.recipe.logging.grid_every
+        if not self.ctx.is_main_process or every <= 0 or self.ctx.step % every:
+            return
+        total = scores.weighted_sum()
+        captions = [f"{p} | r={float(v):.3g}" for p, v in zip(rollout.sample_prompts, total, strict=True)]
+        grid = save_grid(rollout.images, captions, self.rundir.path / "grids" / f"step_{self.ctx.step:06d}.png")
+        if self.logger is not None:
+            self.logger.log_image(self.ctx.step, "samples/grid", grid)
+
+    def _metrics(
+        self, rollout: Rollout, scores: RewardScores, adv: dict[str, float], update: dict[str, float]
+    ) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for name, values in scores.scores.items():
+            metrics[f"reward/{name}"] = float(values.mean())
+        metrics["reward/weighted"] = float(scores.weighted_sum().mean())
+        metrics.update({k if "/" in k else f"adv/{k}": v for k, v in adv.items()})
+        metrics.update(update)
+        metrics.update(rollout.stats)
+        metrics["perf/images"] = float(rollout.num_samples)
+        for phase in STEP_PHASES:  # a skipped phase (no update after a guard trip) took no time
+            metrics[f"perf/{phase}_sec"] = self.phases.current.get(phase, 0.0)
+        metrics["perf/step_sec"] = self.phases.step_elapsed()
+        if torch.cuda.is_available():
+            metrics["perf/peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        # ru_maxrss is KiB on Linux, bytes on macOS.
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        metrics["perf/peak_rss_gb"] = rss / (2**30 if sys.platform == "darwin" else 2**20)
+        return metrics
+
+    # ------------------------------------------------------------------------------------------ state & disk
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to continue this run except the trainable weights: step, prompt stream, every RNG
+        stream, torch optimizer and LR scheduler, component and plugin state, guard counters.
+
+        Plugins add their own entries through ``rlpost_save_state`` under ``state["plugins"]``.
+        """
+        assert self.stream is not None and self.backend is not None, "call setup() first"
+        r = self.recipe
+        # Checked per plugin before anything is written: a value that cannot be saved names its plugin and the
+        # last good checkpoint on disk stays as it is.
+        plugins = self.host.save_state(self.ctx)
+        rng: dict[str, Any] = {
+            "rollout": self.rollout_gen.get_state(),
+            "minibatch": self.minibatch_gen.get_state(),
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+        }
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "step": self.ctx.step,
+            "seed": self.seed,
+            "prompt_stream": self.stream.state_dict(),
+            "rng": rng,
+            "torch_optimizer": self.backend.optimizer.state_dict(),
+            "lr_scheduler": self.backend.scheduler.state_dict() if self.backend.scheduler is not None else None,
+            "backend": {"num_steps": self.backend.num_steps, "skipped_steps": self.backend.skipped_steps},
+            "guards": {"skipped_steps": self.guards.skipped_steps},
+            "components": {
+                "sampler": r.sampler.state_dict(),
+                "advantage": r.advantage.state_dict(),
+                "optimizer": r.optimizer.state_dict(),
+                "rewards": {reward.name: reward.state_dict() for reward in r.rewards},
+            },
+            "plugins": plugins,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state` returned (after :meth:`setup`); calls ``rlpost_load_state``."""
+        assert self.stream is not None and self.backend is not None, "call setup() first"
+        r = self.recipe
+        self.ctx.step = int(state["step"])
+        self.stream.load_state_dict(state["prompt_stream"])
+        rng = state["rng"]
+        self.rollout_gen.set_state(rng["rollout"])
+        self.minibatch_gen.set_state(rng["minibatch"])
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+            random.setstate(_as_tuple(rng["python"]))
+            np.random.set_state(rng["numpy"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        if "torch_optimizer" in state:
+            self.backend.optimizer.load_state_dict(state["torch_optimizer"])
+        if state.get("lr_scheduler") is not None and self.backend.scheduler is not None:
+            self.backend.scheduler.load_state_dict(state["lr_scheduler"])
+        backend = state.get("backend", {})
+        self.backend.num_steps = int(backend.get("num_steps", 0))
+        self.backend.skipped_steps = int(backend.get("skipped_steps", 0))
+        self.guards.skipped_steps = int(state.get("guards", {}).get("skipped_steps", 0))
+        comps = state["components"]
+        r.sampler.load_state_dict(comps["sampler"])
+        r.advantage.load_state_dict(comps["advantage"])
+        r.optimizer.load_state_dict(comps["optimizer"])
+        for reward in r.rewards:
+            reward.load_state_dict(comps["rewards"].get(reward.name, {}))
+        self.host.load_state(self.ctx, state["plugins"])
+
+    @contextlib.contextmanager
+    def _published_weights(self, whole: bool = False) -> Iterator[None]:
+        """EMA weights swapped in when EMA is enabled (evaluation, diffusers artefacts); live weights otherwise.
+
+        ``whole``: also gather ZeRO-3's partitioned trainable parameters, for saving them from the module. Collective
+        under ZeRO: every rank enters.
+        """
+        with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
+            with self.backend.gathered() if whole and self.backend is not None else contextlib.nullcontext():
+                yield
+
+    def save_checkpoint(self, reason: str = "periodic") -> Path | None:
+        """Write a checkpoint of the current state (main process) and rotate old ones; returns its directory.
+
+        Raises:
+            CheckpointError: The trainable (or EMA) weights are not finite: nothing is written.
+        """
+        assert self.backend is not None, "call setup() first"
+        r = self.recipe
+        # Collective under ZeRO: every rank takes part in gathering weights and optimizer state; rank 0 writes.
+        weights = self.backend.full_state_dict()
+        state = self.state()
+        ema = self.ema.state_dict() if self.ema is not None else None  # collective under ZeRO, like the weights
+        if not self.ctx.is_main_process:
+            # Rank 0 saves the artefacts from its module, EMA swapped in, ZeRO-3 partitions gathered: take part.
+            with self._published_weights(whole=True):
+                pass
+            self.shard.barrier()
+            return None
+        config_text = yaml.safe_dump(r.config, sort_keys=False)
+
+        def artefacts(directory: Path) -> None:
+            with self._published_weights(whole=True):
+                write_diffusers_artifacts(r.model, directory)
+
+        manifest = {
+            "reason": reason,
+            "recipe_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
+            "base_model": (r.config.get("model", {}).get("init_args") or {}).get("pretrained"),
+            "components": {k: getattr(r, k).name for k in ("model", "sampler", "advantage", "optimizer")},
+            # Which plugin registered each: the sampler's names the algorithm on the exported model card.
+            "origins": {k: self.host.component_origin(k, getattr(r, k))[1] for k in ("sampler", "advantage")},
+            "rewards": [reward.name for reward in r.rewards],
+            "ema": self.ema is not None,
+        }
+        path = write_checkpoint(
+            self.rundir.path,
+            self.ctx.step,
+            weights,
+            state,
+            extra=artefacts,
+            ema=ema,
+            manifest_extra=manifest,
+        )
+        (path.parent / "latest.json").write_text(json.dumps({"step": self.ctx.step, "path": path.name}))
+        rotate(self.rundir.path, r.checkpoint.keep_last)
+        self.last_saved_step = self.ctx.step
+        self.shard.barrier()
+        return path
+
+    def load_checkpoint(self, info: CheckpointInfo) -> None:
+        """Restore weights, EMA and state from a checkpoint (after :meth:`setup` built everything)."""
+        assert self.backend is not None
+        weights, state, ema = read_checkpoint(info)
+        self.backend.load_full_state_dict(weights)
+        if self.ema is not None:
+            if ema is None:
+                raise CheckpointError(f"{info.path}: the recipe enables ema but the checkpoint holds no EMA weights")
+            self.ema.load_state_dict(ema)
+        self.load_state(state)
+        changed = sorted(
+            k
+            for k in set(self.recipe.config) | set(self.rundir.stored_recipe())
+            if self.recipe.config.get(k) != self.rundir.stored_recipe().get(k)
+        )
+        if self.ctx.is_main_process:  # truncates metrics and records the resume: rank 0 only
+            self.ctx.history = self.rundir.reopen(self.ctx.step, str(info.path), changed)
+        self.shard.barrier()
+        self.last_saved_step = self.ctx.step
+
+    # --------------------------------------------------------------------------------------------------- run
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out evaluation at the current step (EMA weights when enabled); empty without an ``eval`` section."""
+        if self.evaluator is None:
+            return {}
+        with self.phases.timed("eval"), self._published_weights():
+            metrics = self.evaluator.evaluate(self.ctx.step, self.ctx.is_main_process)
+        if self.logger is not None:
+            self.logger.log_trackers(self.ctx.step, metrics)
+            for name in self.evaluator.spec.sets:  # the captioned held-out grids evaluation just wrote
+                grid = image_dir(self.rundir.path, name, self.ctx.step).with_suffix(".png")
+                if grid.is_file():
+                    self.logger.log_image(self.ctx.step, f"eval/{name}/grid" if name else "eval/grid", grid)
+        return metrics
+
+    def _periodic(self) -> None:
+        """Evaluation and checkpoints due after the step just completed (also at the last step)."""
+        step, r = self.ctx.step, self.recipe
+        if self.evaluator is not None and self.evaluator.due(step, r.run.max_steps):
+            self.evaluate()
+        every, last = r.checkpoint.every, step == r.run.max_steps
+        if (every > 0 and step % every == 0) or (last and r.checkpoint.at_end):
+            self.save_checkpoint("end" if last else "periodic")
+
+    def begin(self) -> None:
+        """Start the run: :meth:`setup`, then ``rlpost_before_run``. Pair with :meth:`finish`."""
+        self.setup()
+        self.host.before_run(self.ctx)
+
+    def finish(self, status: str) -> None:
+        """End the run with ``status`` (``"completed"``, ``"failed"`` or ``"interrupted"``): write the summary (main
+        process), close the metric sinks and call ``rlpost_after_run``. Call it from a ``finally`` after
+        :meth:`begin` succeeded.
+
+        Raises:
+            PluginRuntimeError: An ``rlpost_after_run`` implementation failed after a completed run. When the run
+                is already failing, that failure is the one to report: the plugin's becomes a warning.
+        """
+        if self.ctx.is_main_process:
+            self.rundir.write_summary(status, self.ctx.step, self.ctx.history)
+        if self.logger is not None:
+            self.logger.close()
+        try:
+            self.host.after_run(self.ctx, status)
+        except PluginRuntimeError as exc:
+            if status == "completed":
+                raise
+            warnings.warn(f"{exc} (while the run was {status})", UserWarning, stacklevel=2)
+
+    def run(self) -> list[dict[str, float]]:
+        """:meth:`begin`, evaluate the start, run every step with its periodic evaluations and checkpoints, and
+        :meth:`finish` with the final status (also on failure)."""
+        self.begin()
+        status = "failed"
+        try:
+            if self.ctx.step == 0 and self.evaluator is not None:
+                self.evaluate()  # the "before" reference
+            while self.ctx.step < self.recipe.run.max_steps:
+                self.step()
+                self._periodic()
+            status = "completed"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            self.finish(status)
+        return self.ctx.history
+
+
+def _reward_problem(raw: Any, n: int) -> str | None:
+    """Why a reward's return value (or the exception it raised) is not ``n`` scores, or ``None`` when it is."""
+    if isinstance(raw, BaseException):
+        text = str(raw).strip().splitlines()
+        return f"raised {type(raw).__name__}" + (f": {text[0][:300]}" if text else "")
+    if not isinstance(raw, torch.Tensor):
+        return f"returned {type(raw).__name__}, expected a torch.Tensor of shape ({n},)"
+    if raw.shape != (n,):
+        return f"returned shape {tuple(raw.shape)}, expected ({n},)"
+    if not (raw.is_floating_point() or raw.dtype in (torch.int32, torch.int64, torch.bool)):
+        return f"returned dtype {raw.dtype}, expected real numbers"
+    return None
+
+
+def _as_tuple(obj: Any) -> Any:
+    """JSON turned Python's RNG state tuples into lists; ``random.setstate`` needs tuples again."""
+    if isinstance(obj, list):
+        return tuple(_as_tuple(v) for v in obj)
+    return obj

@@ -1,0 +1,298 @@
+"""How one training step's work is split across ranks, so that results do not depend on the number of ranks.
+
+* **Prompt order is global.** Every rank advances the same seeded :class:`~rlpost.components.prompts.PromptStream` by
+  ``run.groups_per_step`` groups and keeps its contiguous slice (``PromptBatch.group_offset`` = the global index of
+  its first group within the step).
+* **Per-step state is set once per step.** Before any rollout of step ``t``, every rank calls
+  :meth:`Sampler.begin_step <rlpost.core.api.Sampler.begin_step>` once with a generator seeded from ``(seed, stream 3,
+  t)``: what a sampler draws or advances once per step (a tree's window start, MixGRPO's window position) is the
+  same on every rank and for every group, and advances once per step whatever the rank and group counts.
+* **Rollout noise is per group.** Group ``g`` (global index within step ``t``) draws from its own generator
+  seeded from ``(seed, stream 1, t, g)`` (:meth:`Sampler.rollout_groups <rlpost.core.api.Sampler.rollout_groups>`; a
+  sampler may batch a rank's groups in one forward per step, the draws stay per group), so its initial noise, SDE
+  noise and per-sample draws (DanceGRPO's trained steps) are the same whichever rank samples it and however many
+  groups that rank holds.
+* **Minibatch shuffling** uses a generator seeded from ``(seed, stream 2, t, rank)``: it only decides which of this
+  rank's edges share a forward, which does not change a one-optimizer-step update.
+* **Advantages are computed on the gathered view**: every rank contributes a skeleton of its rollout (node/edge/sample
+  tables without latents or images) and its reward scores; the estimator runs on the merged view of whole groups
+  (identical on every rank; groups are keyed by global id, so a group whose trees lie on several ranks is still
+  normalised as one) and each rank slices back its own edges and samples.
+
+All streams are stateless functions of the step, so a checkpoint resumes on any number of ranks.
+:class:`LocalSharding` is the single-process behaviour: the same per-step generator (so per-step state matches the
+sharded path), then one rollout of the whole batch with the run's stateful rollout generator (stream 1), and the
+stateful minibatch generator (stream 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlpost.components.prompts import PromptStream
+from rlpost.core.api import Advantages, Policy, Sampler
+from rlpost.core.contract import PromptBatch, RewardScores, Rollout
+from rlpost.core.merge import merge_rollouts
+from rlpost.engine.guards import Guards
+
+__all__ = [
+    "STREAM_MINIBATCH",
+    "STREAM_ROLLOUT",
+    "STREAM_STEP",
+    "GroupSharding",
+    "GroupView",
+    "LocalSharding",
+    "begin_step",
+    "derived_generator",
+    "gather_view",
+    "merge_rollouts",
+    "reduce_metrics",
+    "skeleton",
+    "stream_generator",
+]
+
+# Offsets that derive independent RNG streams from the root seed (documented in docs/design.md); the one place they
+# are defined: the runner's single-process streams and the per-group streams below both use them.
+STREAM_ROLLOUT = 1
+STREAM_MINIBATCH = 2
+STREAM_STEP = 3  # per-step sampler state (Sampler.begin_step), on every path
+
+GatherFn = Callable[[Any], list[Any]]
+
+
+def derived_generator(seed: int, stream: int, step: int, index: int) -> torch.Generator:
+    """A CPU generator seeded from ``(seed, stream, step, index)`` through NumPy's ``SeedSequence`` (well mixed:
+    neighbouring steps or groups get unrelated streams)."""
+    entropy = np.random.SeedSequence([seed % 2**63, stream, step, index]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(entropy[0]) << 32 | int(entropy[1]))
+
+
+def stream_generator(seed: int, stream: int) -> torch.Generator:
+    """The run's stateful single-process generator of ``stream`` (seeded ``seed * 1_000_003 + stream``)."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + stream)
+
+
+def begin_step(sampler: Sampler, seed: int, step: int) -> None:
+    """Call ``sampler.begin_step`` for ``step`` with the step's generator ``(seed, STREAM_STEP, step, 0)``.
+
+    The generator depends on neither the rank nor the groups, so every rank sets the same per-step state.
+    """
+    sampler.begin_step(step, derived_generator(seed, STREAM_STEP, step, 0))
+
+
+# ---------------------------------------------------------------------------------------------- rollout tables
+
+
+def skeleton(rollout: Rollout) -> Rollout:
+    """The rollout's tables without latents and pixels: what an advantage estimator may read, cheap to gather."""
+    return replace(
+        rollout,
+        states=torch.empty(rollout.num_nodes, 0),
+        images=torch.empty(rollout.num_samples, 0, 0, 3, dtype=torch.uint8),
+        sigmas=rollout.sigmas.detach().cpu(),
+        node_step=rollout.node_step.cpu(),
+        node_group=rollout.node_group.cpu(),
+        edge_parent=rollout.edge_parent.cpu(),
+        edge_child=rollout.edge_child.cpu(),
+        old_log_probs=rollout.old_log_probs.detach().cpu(),
+        trainable=rollout.trainable.cpu(),
+        edge_kernel=rollout.edge_kernel.cpu(),
+        sample_node=rollout.sample_node.cpu(),
+        sample_group=rollout.sample_group.cpu(),
+        stats=dict(rollout.stats),
+    )
+
+
+@dataclass
+class GroupView:
+    """The gathered view of one step and where this rank's rows sit in it.
+
+    Attributes:
+        rollout: Merged skeleton of every rank's rollout (what the advantage estimator sees).
+        scores: Every rank's reward scores concatenated in rank order (aligned with ``rollout``'s samples).
+        edges: Slice of this rank's edges in the merged edge table.
+        samples: Slice of this rank's samples in the merged sample table.
+        loss_weight: ``W·E_r/E``: this rank's trainable-edge share times the world size (1.0 when equal).
+    """
+
+    rollout: Rollout
+    scores: RewardScores
+    edges: slice
+    samples: slice
+    loss_weight: float = 1.0
+
+    def local(self, advantages: Advantages) -> Advantages:
+        """This rank's rows of advantages computed on the merged view (metrics stay global)."""
+        return Advantages(
+            edges=advantages.edges[self.edges], samples=advantages.samples[self.samples], metrics=advantages.metrics
+        )
+
+
+def gather_view(rollout: Rollout, scores: RewardScores, rank: int, gather: GatherFn) -> GroupView:
+    """Gather every rank's rollout skeleton and scores and merge them (a collective when ``gather`` is one).
+
+    Args:
+        rollout: This rank's rollout.
+        scores: This rank's reward scores.
+        rank: This rank's index in ``gather``'s output.
+        gather: ``obj -> [obj of rank 0, obj of rank 1, ...]`` (``World.all_gather``, or a fake in tests).
+    """
+    payload = (skeleton(rollout), {k: v.detach().cpu() for k, v in scores.scores.items()})
+    parts = gather(payload)
+    merged = merge_rollouts([p[0] for p in parts])
+    merged_scores = RewardScores(
+        scores={k: torch.cat([p[1][k] for p in parts]) for k in scores.scores}, weights=dict(scores.weights)
+    )
+    e0 = sum(p[0].num_edges for p in parts[:rank])
+    s0 = sum(p[0].num_samples for p in parts[:rank])
+    total = int(merged.trainable.sum())
+    mine = int(rollout.trainable.sum())
+    weight = len(parts) * mine / total if total else 1.0
+    return GroupView(
+        rollout=merged,
+        scores=merged_scores,
+        edges=slice(e0, e0 + rollout.num_edges),
+        samples=slice(s0, s0 + rollout.num_samples),
+        loss_weight=weight,
+    )
+
+
+def reduce_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Combine per-rank update metrics: ``*_min``/``*_max`` by min/max, counts by sum, the rest by mean."""
+    summed = ("train/edges", "train/nonfinite_loss", "train/nonfinite_grad_steps", "perf/train_forwards")
+    out: dict[str, float] = {}
+    for key in parts[0]:
+        values = [float(p[key]) for p in parts if key in p]
+        if key.endswith("_min"):
+            out[key] = min(values)
+        elif key.endswith("_max"):
+            out[key] = max(values)
+        elif key in summed:
+            out[key] = sum(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ strategies
+
+
+class LocalSharding:
+    """One process: the stream's next groups, one rollout of them all with the run's rollout generator.
+
+    Args:
+        seed: The run's root seed (for the per-step generator, as in :class:`GroupSharding`).
+        rollout_gen: The run's stateful rollout generator (stream 1).
+        minibatch_gen: The run's stateful minibatch generator (stream 2).
+    """
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self, seed: int, rollout_gen: torch.Generator, minibatch_gen: torch.Generator) -> None:
+        self.seed = seed
+        self.rollout_gen = rollout_gen
+        self.minibatch_gen = minibatch_gen
+
+    def next_batch(self, stream: PromptStream, groups: int, samples_per_group: int) -> PromptBatch:
+        """The next ``groups`` prompt groups."""
+        return stream.next_batch(groups, samples_per_group)
+
+    def rollout(self, sampler: Sampler, policy: Policy, batch: PromptBatch, step: int) -> Rollout:
+        """Step ``step``'s rollout: :func:`begin_step` once, then one rollout of the whole batch.
+
+        Call once per training step: it advances the sampler's per-step state.
+        """
+        begin_step(sampler, self.seed, step)
+        return sampler.rollout(policy, batch, self.rollout_gen)
+
+    def minibatch_generator(self, step: int) -> torch.Generator:
+        """The run's minibatch generator."""
+        return self.minibatch_gen
+
+    def gather(self, rollout: Rollout, scores: RewardScores, guards: Guards) -> GroupView:
+        """The rollout itself is the whole view."""
+        return GroupView(rollout, scores, slice(0, rollout.num_edges), slice(0, rollout.num_samples))
+
+    def reduce(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Nothing to reduce."""
+        return metrics
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""
+
+
+class GroupSharding:
+    """Prompt groups split across ranks with per-group RNG streams (see the module docstring).
+
+    Args:
+        seed: The run's root seed.
+        rank: This rank.
+        world_size: Number of ranks (must divide ``run.groups_per_step``).
+        gather: ``World.all_gather`` (or a fake).
+        barrier: ``World.barrier`` (or a no-op).
+    """
+
+    def __init__(
+        self, seed: int, rank: int, world_size: int, gather: GatherFn, barrier: Callable[[], None] = lambda: None
+    ) -> None:
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self._gather = gather
+        self._barrier = barrier
+        self.backend: Any = None  # set by the runner: receives each step's ``loss_weight``
+
+    def next_batch(self, stream: PromptStream, groups: int, samples_per_group: int) -> PromptBatch:
+        """Advance the global stream by ``groups`` and keep this rank's contiguous slice."""
+        full = stream.next_batch(groups, samples_per_group)
+        per = groups // self.world_size
+        lo = self.rank * per
+        return PromptBatch(
+            prompts=full.prompts[lo : lo + per],
+            metadata=full.metadata[lo : lo + per],
+            samples_per_group=samples_per_group,
+            group_offset=full.group_offset + lo,
+        )
+
+    def rollout(self, sampler: Sampler, policy: Policy, batch: PromptBatch, step: int) -> Rollout:
+        """Step ``step``'s rollout: :func:`begin_step` once, then :meth:`Sampler.rollout_groups` with one ``(seed, step,
+        global group)`` generator per group (each group sampled as if alone; samplers may batch the groups).
+
+        Call once per training step: it advances the sampler's per-step state.
+        """
+        begin_step(sampler, self.seed, step)
+        generators = [
+            derived_generator(self.seed, STREAM_ROLLOUT, step, batch.group_offset + j) for j in range(batch.num_groups)
+        ]
+        return sampler.rollout_groups(policy, batch, generators)
+
+    def minibatch_generator(self, step: int) -> torch.Generator:
+        """A fresh generator for this step and rank."""
+        return derived_generator(self.seed, STREAM_MINIBATCH, step, self.rank)
+
+    def gather(self, rollout: Rollout, scores: RewardScores, guards: Guards) -> GroupView:
+        """Gather the step's view and every rank's guard findings (so all ranks skip or stop together)."""
+        view = gather_view(rollout, scores, self.rank, self._gather)
+        if self.backend is not None:
+            self.backend.loss_weight = view.loss_weight
+        found = self._gather((dict(guards.counts), list(guards.problems)))
+        guards.counts, guards.problems = {}, []
+        for r, (counts, problems) in enumerate(found):
+            for key, value in counts.items():
+                guards.counts[key] = guards.counts.get(key, 0.0) + value
+            guards.problems.extend(f"rank {r}: {p}" for p in problems)
+        return view
+
+    def reduce(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Combine every rank's update metrics (:func:`reduce_metrics`)."""
+        return reduce_metrics(self._gather(metrics))
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        self._barrier()

@@ -1,0 +1,205 @@
+"""The import graph stays a stack of layers that only point down (issue #14; the picture is in docs/design.md).
+
+Every module under ``rlpost/`` is parsed with :mod:`ast`; every import counts, also those under ``TYPE_CHECKING``
+and inside functions (a lazy import is still a dependency). The test fails on
+
+* any import cycle inside ``rlpost/``;
+* any import from a lower layer to a higher one (:data:`LAYERS`);
+* any module that no layer claims, or any import of an ``rlpost`` module that does not exist;
+* any import in ``plugins/`` of something other than the facade ``rlpost`` (``from rlpost import ...``) and the
+  plugin's own package: first-party plugins are the proof that a third party can write the same with the declared
+  plugin API alone (docs/writing_plugins.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "rlpost"
+PLUGINS = ROOT / "plugins"
+
+# (level, name, module prefixes). A module may import modules of its own level or below, never above. Mirrored in
+# docs/design.md ("Layers"); test_design_doc_mirrors_the_table keeps the two identical.
+LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
+    (0, "core", ("rlpost.core",)),
+    (1, "ops", ("rlpost.ops",)),
+    (2, "components, models", ("rlpost.components", "rlpost.models")),
+    (3, "engine", ("rlpost.engine",)),
+    (4, "facade", ("rlpost",)),
+    (5, "apps", ("rlpost.apps", "rlpost.bench")),
+)
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules(root: Path, top: Path) -> dict[str, Path]:
+    return {_module_name(p, root): p for p in sorted(top.rglob("*.py"))}
+
+
+def _imports(path: Path, module: str, known: set[str]) -> list[tuple[str, int]]:
+    """Every module ``path`` imports, as (dotted name, line): ``from a import b`` is ``a.b`` when that is a module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.append((sub if sub in known else target, node.lineno))
+    return found
+
+
+def _layer(module: str) -> int | None:
+    """The level of the most specific prefix claiming ``module`` (``rlpost`` itself is the facade)."""
+    best: tuple[int, int] | None = None  # (prefix length, level)
+    for level, _, prefixes in LAYERS:
+        for prefix in prefixes:
+            exact_facade = prefix == "rlpost" and module == "rlpost"
+            if exact_facade or (prefix != "rlpost" and (module == prefix or module.startswith(prefix + "."))):
+                if best is None or len(prefix) > best[0]:
+                    best = (len(prefix), level)
+    return None if best is None else best[1]
+
+
+def _graph() -> tuple[dict[str, set[str]], list[str]]:
+    modules = _modules(ROOT, PACKAGE)
+    known = set(modules)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    problems: list[str] = []
+    for module, path in modules.items():
+        for target, line in _imports(path, module, known):
+            if target != "rlpost" and not target.startswith("rlpost."):
+                continue
+            if target not in known:
+                problems.append(f"{path.relative_to(ROOT)}:{line}: imports {target}, which is no module of rlpost")
+                continue
+            if target != module:
+                graph[module].add(target)
+    return graph, problems
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_rlpost_module_has_a_layer_and_imports_exist() -> None:
+    graph, problems = _graph()
+    unclaimed = sorted(m for m in graph if _layer(m) is None)
+    assert not unclaimed, f"modules no layer claims (add them to LAYERS and docs/design.md): {unclaimed}"
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
+def test_no_import_cycle_in_rlpost() -> None:
+    graph, _ = _graph()
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles in rlpost/ (each line one strongly connected set of modules):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_layers_only_point_down() -> None:
+    graph, _ = _graph()
+    names = {level: name for level, name, _ in LAYERS}
+    upward = []
+    for module, targets in sorted(graph.items()):
+        here = _layer(module)
+        for target in sorted(targets):
+            there = _layer(target)
+            if here is not None and there is not None and there > here:
+                upward.append(f"{module} ({names[here]}) imports {target} ({names[there]})")
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
+
+
+def _plugin_packages() -> list[Path]:
+    return sorted(p for p in PLUGINS.iterdir() if (p / "__init__.py").is_file())
+
+
+def test_there_are_plugins_to_check() -> None:
+    # An empty glob would make the next test pass vacuously.
+    names = {p.name for p in _plugin_packages()}
+    assert {"rlpost_treegrpo", "rlpost_rewards", "rlpost_digits"} <= names, names
+
+
+@pytest.mark.parametrize("package", _plugin_packages(), ids=lambda p: p.name)
+def test_plugins_import_only_the_declared_api(package: Path) -> None:
+    modules = _modules(PLUGINS, package)
+    known = set(modules)
+    bad = []
+    for module, path in modules.items():
+        for target, line in _imports(path, module, known):
+            top = target.split(".")[0]
+            if top == package.name or target == "rlpost":
+                continue
+            if top == "rlpost" or top.startswith("rlpost_"):
+                bad.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    assert not bad, (
+        f"{package.name} may import only the facade (`from rlpost import ...`) and its own package:\n"
+        + "\n".join(sorted(set(bad)))
+    )
+
+
+def test_design_doc_mirrors_the_table() -> None:
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\|\s*(\d+)\s*\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|", text, flags=re.M)
+    documented = [(int(level), name, tuple(re.findall(r"rlpost[\w.]*", packages))) for level, name, packages in rows]
+    assert documented == list(LAYERS), "docs/design.md's layer table differs from LAYERS in this test"
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path: Path) -> None:
+    # The checks must be able to fail: a two-module cycle and an upward import are reported.
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert _layer("rlpost.core.api") == 0 and _layer("rlpost.engine.runner") == 3 and _layer("rlpost") == 4
+    assert _layer("rlpost.apps.cli") == 5 and _layer("rlpost.somewhere") is None
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "m.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import n\n")
+    assert _imports(pkg / "m.py", "pkg.m", {"pkg", "pkg.m", "pkg.n"}) == [("typing", 1), ("pkg.n", 3)]
