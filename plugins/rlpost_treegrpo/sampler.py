@@ -322,6 +322,8 @@ class TreeSampler(Sampler):
         trees = num_groups * self.trees_per_prompt
         if self.window == "fixed" and self.fixed_start is not None:
             worst = self.rollout_forwards_at(self.fixed_start, num_groups)
+        elif self.depth > self.num_steps - 1:  # no window fits: validate() reports it; counts stay defined for it
+            worst = self.rollout_forwards_at(0, num_groups)
         else:
             support = (self.window_probs() > 0).nonzero().flatten().tolist()
             worst = max(self.rollout_forwards_at(int(i), num_groups) for i in support)

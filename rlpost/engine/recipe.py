@@ -1005,20 +1005,86 @@ def _recipe_loader(text: str) -> Any:
     data = load_yaml(text, "recipe")
     host = _PARSE_HOST.get()
     if host is not None and isinstance(data, dict):
-        data = _resolve_names(data, host)
+        data = _resolve_names(data, host, contested_to_registered=True)
     return data
+
+
+def _contested_sections(doc: dict[str, Any], host: Registries) -> dict[str, list[str]]:
+    """Top-level section -> problems, for every component in ``doc`` named by a contested short name."""
+    found: dict[str, list[str]] = {}
+
+    def check(value: Any, kind: str, field: str, top: str) -> None:
+        name = value if isinstance(value, str) else value.get("class_path") if isinstance(value, dict) else None
+        if not isinstance(name, str):
+            return
+        try:
+            host.registry(kind).get(name)
+        except ContestedComponentError as exc:
+            found.setdefault(top, []).append(f"{field}.class_path: {exc}")
+        except KeyError:
+            pass  # unknown names: validate() reports them with the nearest name
+
+    def walk(data: dict[str, Any], sections: tuple[Section, ...], prefix: str, top: str | None) -> None:
+        for s in sections:
+            value, field = data.get(s.name), prefix + s.name
+            if s.kind == "component" and s.name in data:
+                check(value, s.registry, field, top or s.name)
+            elif s.kind == "component-list" and isinstance(value, list):
+                for i, item in enumerate(value):
+                    check(item, s.registry, f"{field}[{i}]", top or s.name)
+            elif s.kind == "component-mapping" and isinstance(value, dict):
+                for key, item in value.items():
+                    check(item, s.registry, f"{field}.{key}", top or s.name)
+            elif s.kind == "eval" and isinstance(value, dict):
+                walk(value, EVAL_SECTIONS, f"{field}.", top or s.name)
+
+    walk(doc, SECTIONS, "", None)
+    return found
+
+
+def _refuse_contested(argv: Sequence[str], docs: list[dict[str, Any]], host: Registries) -> None:
+    """Refuse a contested component name in a recipe file unless a later file or a later command-line option sets
+    its top-level section (the file's choice is then never used, as with any overridden value).
+
+    Raises:
+        RecipeError: Naming every claimant and how to choose (a qualified ``distribution:name``, a class path, or
+            blocking a plugin).
+    """
+    positions = [i for i, token in enumerate(argv) if token == "--recipe" or token.startswith("--recipe=")]
+    problems: list[str] = []
+    for n, (at, doc) in enumerate(zip(positions, docs, strict=False)):
+        for section, found in _contested_sections(doc, host).items():
+            later_file = any(section in other for other in docs[n + 1 :])
+            later_option = any(
+                token.split("=")[0] == f"--{section}" or token.startswith(f"--{section}.") for token in argv[at + 1 :]
+            )
+            if not (later_file or later_option):
+                problems += found
+    if problems:
+        raise RecipeError(problems)
 
 
 set_loader(RECIPE_PARSER_MODE, _recipe_loader, exceptions=(yaml.YAMLError,))
 
 
-def _resolve_names(doc: dict[str, Any], host: Registries) -> dict[str, Any]:
+def _resolve_names(doc: dict[str, Any], host: Registries, contested_to_registered: bool = False) -> dict[str, Any]:
     """``doc`` with the components it names by registered short name or class name given by dotted class path (and
     ``{class_path: x, k: v}`` shorthand moved into ``init_args``). Unknown names are left for :func:`validate` to
-    report with its nearest-name suggestion."""
+    report with its nearest-name suggestion.
+
+    With ``contested_to_registered``, a contested name becomes the class the registry kept (first-party wins), so
+    jsonargparse can load a recipe file whose contested section a later file or option replaces;
+    :func:`parse_recipe_args` has already refused every contested name that nothing replaces
+    (:func:`_contested_sections`)."""
 
     def one(value: Any, kind: str) -> Any:
         resolved = _resolve_component(value, "", kind, host, [])
+        if resolved is None and contested_to_registered:
+            name = value if isinstance(value, str) else value.get("class_path") if isinstance(value, dict) else None
+            kept = [e for e in host.registry(kind).entries() if e.name == name]
+            if kept and host.registry(kind).claims(str(name))[1:]:
+                spec = {"class_path": value} if isinstance(value, str) else dict(value)
+                resolved = _resolve_component({**spec, "class_path": kept[0].class_path}, "", kind, host, [])
         return value if resolved is None else resolved
 
     def section(data: dict[str, Any], sections: tuple[Section, ...]) -> dict[str, Any]:
@@ -1102,6 +1168,9 @@ def _resolve_inline(key: str, value: str, host: Registries) -> str:
     for part in parents:
         node = node.setdefault(part, {})
     node[leaf] = loaded
+    contested = _contested_sections(doc, host)
+    if contested:
+        raise RecipeError([problem for found in contested.values() for problem in found])
     node = _resolve_names(doc, host)
     for part in parents:
         node = node[part]
@@ -1169,6 +1238,7 @@ def parse_recipe_args(
             ]
         )
     _check_value_limits(argv)
+    _refuse_contested(argv, docs, host)
     token = _PARSE_HOST.set(host)
     try:
         args = _resolve_argv_names(argv, host)
