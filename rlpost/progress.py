@@ -12,12 +12,21 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from rlpost.evaluation import LAST_EVAL
 from rlpost.hookspecs import hookimpl
 
-__all__ = ["RichProgress"]
+__all__ = ["RichProgress", "alarm_text"]
 
 # Metrics shown next to the bar and in the summary table, when present.
 SHOWN = ("reward/weighted", "loss/policy", "train/clipfrac", "kl/approx", "perf/step_sec")
+
+
+def alarm_text(eval_metrics: Mapping[str, float]) -> str:
+    """``"HACKING ALARM (step N)"`` once the reward-hacking alarm (:mod:`rlpost.alarm`) has fired, else ``""``."""
+    if not eval_metrics.get("alarm/fired"):
+        return ""
+    step = eval_metrics.get("alarm/fired_step")
+    return "HACKING ALARM" + (f" (step {int(step)})" if step is not None else "")
 
 
 class RichProgress:
@@ -53,6 +62,9 @@ class RichProgress:
         """Advance the bar and show the headline metrics."""
         if self.progress is not None:
             info = "  ".join(f"{k.split('/')[-1]}={metrics[k]:.4g}" for k in SHOWN if k in metrics)
+            alarm = alarm_text(run.stash.get(LAST_EVAL, {}))
+            if alarm:
+                info = f"[bold red]{alarm}[/]  {info}"
             self.progress.update(self.task, completed=run.step, info=info)
 
     @hookimpl
@@ -62,6 +74,9 @@ class RichProgress:
             self.progress.stop()
         if not run.is_main_process or not run.history:
             return
+        alarm = alarm_text(run.stash.get(LAST_EVAL, {}))
+        if alarm:
+            self.console.print(f'[bold red]{alarm}[/]: see eval.jsonl ("alarm") and report/summary.json')
         table = Table(title=f"rlpost run {status}: {run.step} steps -> {run.output_dir}")
         table.add_column("metric")
         table.add_column("first", justify="right")

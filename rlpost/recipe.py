@@ -13,7 +13,7 @@ A recipe has these top-level keys::
     torch_optimizer: a torch optimizer factory (class_path: torch.optim.AdamW, init_args: {lr: ...})
     lr_scheduler:    optional LR scheduler factory
     checkpoint:      {every, keep_last, at_end}                       (rlpost.checkpoint.CheckpointConfig)
-    eval:            {prompts|sets, rewards, judges, num_steps, ...}  (rlpost.evaluation; optional)
+    eval:            {prompts|sets, rewards, judges, alarm, num_steps, ...}  (rlpost.evaluation; optional)
     logging:         {tensorboard, wandb, wandb_project, grid_every}  (rlpost.logging_.LoggingConfig)
     guards:          {on_nonfinite: stop|skip, max_skipped_steps}     (rlpost.guards.GuardConfig)
     ema:             {decay, update_every}                            (rlpost.ema.EMAConfig; optional)
@@ -44,6 +44,7 @@ import torch
 import yaml
 from jsonargparse import ArgumentParser
 
+from rlpost.alarm import AlarmConfig
 from rlpost.api import (
     AdvantageEstimator,
     Component,
@@ -634,7 +635,7 @@ def _validate_eval(
             f"{value!r}"
         )
         return None, value
-    components = ("prompts", "sets", "rewards", "judges")
+    components = ("prompts", "sets", "rewards", "judges", "alarm")
     known = (*components, *(f.name for f in dataclasses.fields(EvalSettings)))
     for key in value:
         if key not in known:
@@ -669,6 +670,8 @@ def _validate_eval(
             f"eval.rewards: reward source(s) {sorted({n for n in names if names.count(n) > 1})} listed twice"
         )
     judges = _validate_judges(value, built, names, host, problems, resolved)
+    trained = [n for n in names if n in {r.name for r in built.get("rewards") or []}]
+    alarm = _validate_alarm(value.get("alarm"), trained, problems, resolved)
     if settings is not None:
         resolved.update(dataclasses.asdict(settings))
         for name in ("num_steps", "batch_size"):
@@ -678,7 +681,25 @@ def _validate_eval(
             problems.append(f"eval.every: must be >= 0, got {settings.every}")
     if len(problems) > start or sets is None or settings is None:
         return None, resolved
-    return EvalSpec(sets=sets, rewards=rewards, judges=judges, settings=settings), resolved
+    spec = EvalSpec(sets=sets, rewards=rewards, judges=judges, settings=settings, alarm=alarm, trained=trained)
+    return spec, resolved
+
+
+def _validate_alarm(raw: Any, trained: list[str], problems: list[str], resolved: dict[str, Any]) -> AlarmConfig | None:
+    """``eval.alarm`` (:mod:`rlpost.alarm`): type and range checks; an enabled alarm needs a trained reward to watch."""
+    if raw is None:
+        return None
+    alarm: AlarmConfig | None = _check_with_parser("alarm", AlarmConfig, raw, problems, where="eval.alarm")
+    if alarm is None:
+        return None
+    resolved["alarm"] = dataclasses.asdict(alarm)
+    problems.extend(alarm.problems())
+    if alarm.enabled and not trained:
+        problems.append(
+            "eval.alarm: enabled, but no evaluation reward is a training reward (the alarm watches the trained reward "
+            "on the evaluation images: keep it in eval.rewards)"
+        )
+    return alarm
 
 
 def _validate_eval_sets(
@@ -923,6 +944,9 @@ def build_parser(prog: str = "rlpost train") -> ArgumentParser:
     )
     evaluation.add_argument(
         "--eval.judges", type=list[RewardSource] | None, default=None, help="second judges, never training rewards"
+    )
+    evaluation.add_argument(
+        "--eval.alarm", type=AlarmConfig | None, default=None, help="reward-hacking alarm (rlpost.alarm)"
     )
     hints = typing.get_type_hints(EvalSettings)
     for f in dataclasses.fields(EvalSettings):

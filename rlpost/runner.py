@@ -39,7 +39,7 @@ from rlpost.checkpoint import (
 from rlpost.contract import RewardScores, Rollout, Stash
 from rlpost.distributed import DeepSpeedBackend, World
 from rlpost.ema import EMA
-from rlpost.evaluation import Evaluator
+from rlpost.evaluation import LAST_EVAL, Evaluator
 from rlpost.export import load_trainable, trainable_weights, write_diffusers_artifacts
 from rlpost.guards import Guards
 from rlpost.images import save_grid
@@ -533,6 +533,7 @@ class Runner:
             metrics = self.evaluator.evaluate(self.ctx.step, self.ctx.is_main_process)
         if self.logger is not None:
             self.logger.log_trackers(self.ctx.step, metrics)
+        self.ctx.stash[LAST_EVAL] = metrics  # the progress line shows the reward-hacking alarm (rlpost.alarm)
         return metrics
 
     def _periodic(self) -> None:
@@ -555,7 +556,11 @@ class Runner:
             while self.ctx.step < self.recipe.run.max_steps:
                 self.step()
                 self._periodic()
-            status = "completed"
+                if self.evaluator is not None and self.evaluator.stop_requested:  # eval.alarm.stop (rlpost.alarm)
+                    break
+            status = "stopped" if self.ctx.step < self.recipe.run.max_steps else "completed"
+            if status == "stopped" and self.recipe.checkpoint.at_end and self.last_saved_step != self.ctx.step:
+                self.save_checkpoint("alarm-stop")
         except KeyboardInterrupt:
             status = "interrupted"
             raise
