@@ -19,11 +19,13 @@ DIGITS_SD3_DIR = Path(__file__).resolve().parents[2] / "assets" / "digits-sd3"
 
 @hookimpl
 def rlpost_register_reward_sources(register: Registry[RewardSource]) -> None:
-    """Register ``digit-alignment`` (the training reward) and ``digit-judge`` (the evaluation-only second judge)."""
-    from rlpost_digits.reward import DigitAlignmentReward, DigitJudgeReward
+    """Register ``digit-alignment`` (the training reward), ``digit-judge`` (the evaluation-only second judge) and
+    ``digits-brightness`` (a deliberately hackable demonstration reward for the reward-hacking alarm)."""
+    from rlpost_digits.reward import DigitAlignmentReward, DigitJudgeReward, DigitsBrightnessReward
 
     register(DigitAlignmentReward)
     register(DigitJudgeReward)
+    register(DigitsBrightnessReward)
 
 
 @hookimpl

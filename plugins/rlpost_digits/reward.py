@@ -1,6 +1,10 @@
 """``digit-alignment`` and ``digit-judge``: a frozen digit classifier's probability that an image shows the digit its
 prompt asked for. ``digit-alignment`` is the training reward; ``digit-judge`` (an independent CNN,
-:mod:`rlpost_digits.judge`) is meant for evaluation only, as a second judge the policy never optimised."""
+:mod:`rlpost_digits.judge`) is meant for evaluation only, as a second judge the policy never optimised.
+
+``digits-brightness`` is a deliberately hackable demonstration reward (the mean pixel value): the policy can raise it
+without drawing better digits, which is what the reward-hacking alarm (:mod:`rlpost.engine.alarm`) must catch
+(``recipes/ablations/digits_hackable_reward.yaml``)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from torch import Tensor
 from rlpost import RewardSource
 from rlpost_digits.data import digit_from_prompt
 
-__all__ = ["DigitAlignmentReward", "DigitJudgeReward", "requested_digit"]
+__all__ = ["DigitAlignmentReward", "DigitJudgeReward", "DigitsBrightnessReward", "requested_digit"]
 
 
 def requested_digit(prompt: str, metadata: dict[str, Any], reward: str = "digit-alignment") -> int:
@@ -117,3 +121,23 @@ class DigitJudgeReward(_DigitProbabilityReward):
         from rlpost_digits.judge import load_judge
 
         return load_judge(path, device)
+
+
+class DigitsBrightnessReward(RewardSource):
+    """A deliberately hackable reward: each image's mean pixel value on ``[0, 1]``, whatever its prompt.
+
+    Not a quality measure. It pays for ink (bright strokes on the digits world's dark background) and so for stroke
+    mass, which a policy can maximise by brightening and thickening everything until the digit is unreadable. It
+    exists to plant reward hacking on the digits world, so that the reward-hacking alarm (:mod:`rlpost.engine.alarm`)
+    can be shown to fire (``recipes/ablations/digits_hackable_reward.yaml``, ``docs/benchmarks.md``). Never use it to
+    improve a model.
+    """
+
+    name: ClassVar[str] = "digits-brightness"
+
+    @torch.no_grad()
+    def score(self, images: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
+        """``[S]`` float32 mean pixel value of ``[S, H, W, 3]`` uint8 ``images``, in ``[0, 1]``."""
+        if not (len(prompts) == len(metadata) == images.shape[0]):
+            raise ValueError(f"{self.name}: {images.shape[0]} images, {len(prompts)} prompts, {len(metadata)} metadata")
+        return (images.float() / 255.0).mean(dim=(1, 2, 3)).cpu()

@@ -14,11 +14,21 @@ from rich.table import Table
 
 from rlpost.core.context import RunContext
 from rlpost.core.hookspecs import hookimpl
+from rlpost.engine.evaluation import LAST_EVAL
 
-__all__ = ["RichProgress"]
+__all__ = ["RichProgress", "alarm_text"]
 
 # Metrics shown next to the bar and in the summary table, when present.
 SHOWN = ("reward/weighted", "loss/policy", "train/clipfrac", "kl/approx", "perf/step_sec")
+
+
+def alarm_text(eval_metrics: Mapping[str, float]) -> str:
+    """``"HACKING ALARM (step N)"`` once the reward-hacking alarm (:mod:`rlpost.engine.alarm`) has fired, else
+    ``""``."""
+    if not eval_metrics.get("alarm/fired"):
+        return ""
+    step = eval_metrics.get("alarm/fired_step")
+    return "HACKING ALARM" + (f" (step {int(step)})" if step is not None else "")
 
 
 class RichProgress:
@@ -54,6 +64,10 @@ class RichProgress:
         """Advance the bar and show the headline metrics."""
         if self.progress is not None:
             info = "  ".join(f"{k.split('/')[-1]}={metrics[k]:.4g}" for k in SHOWN if k in metrics)
+            last: dict[str, float] = run.stash.get(LAST_EVAL, {})
+            alarm = alarm_text(last)
+            if alarm:
+                info = f"[bold red]{alarm}[/]  {info}"
             self.progress.update(self.task, completed=run.step, info=info)
 
     @hookimpl
@@ -63,6 +77,10 @@ class RichProgress:
             self.progress.stop()
         if not run.is_main_process or not run.history:
             return
+        last: dict[str, float] = run.stash.get(LAST_EVAL, {})
+        alarm = alarm_text(last)
+        if alarm:
+            self.console.print(f'[bold red]{alarm}[/]: see eval.jsonl ("alarm") and report/summary.json')
         table = Table(title=f"rlpost run {status}: {run.step} steps -> {run.output_dir}")
         table.add_column("metric")
         table.add_column("first", justify="right")

@@ -7,7 +7,8 @@ run already wrote and adds ``report/`` to the run directory::
                                 against the step, one colour per evaluation set, judges dashed
     report/before_after.png     held-out prompts' first-evaluation images next to their last-evaluation images, set
                                 by set, captioned with the prompt, the reward and the first judge's score
-    report/summary.json         before/after per evaluation set and reward or judge, training reward first/last
+    report/summary.json         before/after per evaluation set and reward or judge, training reward first/last,
+                                and the reward-hacking alarm (``eval.alarm``, :mod:`rlpost.engine.alarm`) when enabled
 
 It works from files only (``metrics.jsonl``, ``eval.jsonl``, ``eval/[<set>/]step_N/*.png`` written by
 :mod:`rlpost.engine.evaluation` with ``save_images: true``), so the same functions rebuild a report for any finished run
@@ -36,6 +37,7 @@ from rlpost.ops.images import save_grid
 
 __all__ = [
     "REPORT_DIR",
+    "alarm_summary",
     "before_after_grid",
     "plot_rewards",
     "read_jsonl",
@@ -103,12 +105,30 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
         values = [(m["step"], m[key]) for m in metrics if _finite(m.get(key))]
         if values:
             train[key.removeprefix("reward/")] = {"first": float(values[0][1]), "last": float(values[-1][1])}
-    return {
+    summary: dict[str, Any] = {
         "steps": int(metrics[-1]["step"]) if metrics else 0,
         "heldout": heldout,
         "sets": [n for n in eval_sets(evals) if n] if evals else [],
         "judges": evals[-1].get("judges", []) if evals else [],
         "train": train,
+    }
+    alarm = alarm_summary(evals)
+    if alarm is not None:
+        summary["alarm"] = alarm
+    return summary
+
+
+def alarm_summary(evals: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The reward-hacking alarm's outcome (``None`` when the run had no ``eval.alarm``): the step it first fired at
+    (``None`` if it never did) and its reasons at that evaluation (:mod:`rlpost.engine.alarm`)."""
+    records = [r["alarm"] for r in evals if isinstance(r.get("alarm"), dict)]
+    if not records:
+        return None
+    first = next((r for r in records if r.get("active")), None)
+    return {
+        "enabled": True,
+        "fired_step": None if first is None else first.get("step"),
+        "reasons": [] if first is None else list(first.get("reasons", [])),
     }
 
 
@@ -180,6 +200,9 @@ def plot_rewards(run_dir: Path, out: Path, title: str | None = None) -> Path | N
                 )
         # Steps are whole numbers: without this a short run (3 steps) gets ticks at 1.25, 1.5, ...
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        alarm = alarm_summary(evals)
+        if alarm is not None and alarm["fired_step"] is not None:  # where the reward-hacking alarm fired
+            ax.axvline(alarm["fired_step"], color="red", linestyle=":", linewidth=1.5, label="reward-hacking alarm")
         ax.set_xlabel("training step")
         ax.set_ylabel("reward")
         ax.set_title(title or run_dir.name)

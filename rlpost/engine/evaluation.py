@@ -14,12 +14,18 @@ Recipe section ``eval`` (all optional except ``prompts`` or ``sets``)::
       seed: 1234         # prompt i of each set uses torch.Generator().manual_seed(seed + i)
       batch_size: 8
       save_images: true  # per-image PNGs (``eval/step_N/0000.png``, ``eval/<set>/step_N/0000.png``) besides the grid
+      alarm: {enabled: true, window: 3, judge_drop: 0.1, stat_drift: 0.08, stop: false}  # rlpost.engine.alarm
 
 Metric names (:func:`metric_key`): ``eval/<reward>`` and ``eval/judge/<judge>`` for a single ``prompts`` source;
 ``eval/<set>/<reward>`` and ``eval/<set>/judge/<judge>`` with ``sets``. Judges are scorers the policy never optimised
 (the recipe rejects a judge that is also a training reward): a training reward that rises while the judges stay flat
 is reward hacking, not a better model. They live only in this section, so nothing in the training step (rewards,
 advantages, updates) ever sees them.
+
+With ``alarm.enabled`` every evaluation also feeds the reward-hacking detector (:mod:`rlpost.engine.alarm`): the trained
+rewards on the evaluation images, the judges and image statistics, pooled over the sets. Its record goes into the
+evaluation's ``eval.jsonl`` line (``"alarm"``), its ``alarm/*`` metrics to the trackers, and
+:attr:`Evaluator.stop_requested` tells the runner to stop when it fired with ``stop: true``.
 
 Results go to ``eval.jsonl`` (one line per evaluation: means and per-prompt scores), ``eval.md`` (markdown tables,
 one per set, regenerated each time) and captioned grids ``eval/step_N.png`` (``eval/<set>/step_N.png`` with sets).
@@ -42,6 +48,8 @@ import torch
 from torch import Tensor
 
 from rlpost.core.api import Policy, PromptSource, RewardSource
+from rlpost.core.contract import StashKey
+from rlpost.engine.alarm import AlarmConfig, RewardHackingAlarm
 from rlpost.engine.rundir import json_safe
 from rlpost.ops.images import save_grid, save_images
 from rlpost.ops.kernels import EulerODE
@@ -49,6 +57,7 @@ from rlpost.ops.kernels import EulerODE
 __all__ = [
     "GRID_MAX_IMAGES",
     "JUDGE",
+    "LAST_EVAL",
     "SET_NAME_RE",
     "EvalSettings",
     "EvalSpec",
@@ -67,6 +76,8 @@ JUDGE = "judge"
 """Marks a second judge's metric (``eval/<set>/judge/<name>``) and per-prompt score (``judge/<name>``)."""
 GRID_MAX_IMAGES = 64
 """Most images in one ``eval/[<set>/]step_N.png`` grid (spread over the set); per-image PNGs keep every image."""
+LAST_EVAL: StashKey[dict[str, float]] = StashKey("rlpost.last_eval")
+"""The latest evaluation's metrics in the run's stash (set by the runner; the progress line shows the alarm)."""
 SET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 """Allowed evaluation set names (they become metric path segments and directory names)."""
 
@@ -113,12 +124,16 @@ class EvalSpec:
             whose resolved configuration is identical, so their weights load once.
         judges: Second judges: never training rewards, scored and logged next to ``rewards``.
         settings: NFE, interval, seed, batch size.
+        alarm: The reward-hacking alarm's settings (``eval.alarm``), or ``None``.
+        trained: Names of the evaluation rewards that are also training rewards (the ones the alarm watches).
     """
 
     sets: dict[str, PromptSource]
     rewards: list[RewardSource]
     judges: list[RewardSource] = field(default_factory=list)
     settings: EvalSettings = field(default_factory=EvalSettings)
+    alarm: AlarmConfig | None = None
+    trained: list[str] = field(default_factory=list)
 
 
 @torch.no_grad()
@@ -163,6 +178,15 @@ class Evaluator:
         self.policy = policy
         self.output_dir = output_dir
         self.items: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        self.alarm: RewardHackingAlarm | None = None
+        if spec.alarm is not None and spec.alarm.enabled:
+            watched = [r.name for r in spec.rewards if r.name in spec.trained]
+            self.alarm = RewardHackingAlarm(spec.alarm, watched=watched, judges=[j.name for j in spec.judges])
+
+    @property
+    def stop_requested(self) -> bool:
+        """The reward-hacking alarm fired and ``eval.alarm.stop`` is set: the run should end."""
+        return self.alarm is not None and self.alarm.stop_requested
 
     @property
     def prompts(self) -> list[str]:
@@ -219,13 +243,34 @@ class Evaluator:
             for judge in self.spec.judges:
                 metrics[metric_key(name, judge.name, judge=True)] = _mean(scores[f"{JUDGE}/{judge.name}"])
             results[name] = (images, scores)
+        alarm = self._observe_alarm(step, results)
+        if alarm is not None:
+            metrics |= RewardHackingAlarm.metrics(alarm)
         metrics["perf/eval_sec"] = time.perf_counter() - t0
         if is_main:
-            self._write(step, results, metrics)
+            self._write(step, results, metrics, alarm)
         return metrics
 
+    def _observe_alarm(
+        self, step: int, results: dict[str, tuple[Tensor, dict[str, list[float]]]]
+    ) -> dict[str, Any] | None:
+        """Feed the alarm this evaluation pooled over the sets (scores by reward/judge name, images, prompt groups)."""
+        if self.alarm is None:
+            return None
+        pooled: dict[str, list[float]] = {}
+        for _, scores in results.values():
+            for column, values in scores.items():
+                pooled.setdefault(column.removeprefix(f"{JUDGE}/"), []).extend(values)
+        images = torch.cat([images for images, _ in results.values()])
+        groups = [(name, p) for name, items in self.items.items() for p, _ in items]
+        return self.alarm.observe(step, pooled, images, groups)
+
     def _write(
-        self, step: int, results: dict[str, tuple[Tensor, dict[str, list[float]]]], metrics: dict[str, float]
+        self,
+        step: int,
+        results: dict[str, tuple[Tensor, dict[str, list[float]]]],
+        metrics: dict[str, float],
+        alarm: dict[str, Any] | None = None,
     ) -> None:
         seed = self.spec.settings.seed
         per_prompt: list[dict[str, Any]] = []
@@ -254,6 +299,7 @@ class Evaluator:
             **({"judges": [j.name for j in self.spec.judges]} if self.spec.judges else {}),
             **{k: v for k, v in metrics.items() if k.startswith("eval/")},
             "eval_sec": round(metrics["perf/eval_sec"], 3),  # sampling + scoring, so a run's eval share is visible
+            **({"alarm": alarm} if alarm is not None else {}),
             "per_prompt": per_prompt,
         }
         with (self.output_dir / self.JSONL).open("a") as fh:

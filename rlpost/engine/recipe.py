@@ -14,7 +14,7 @@ command-line parser, name resolution and the resume checks are driven by)::
     torch_optimizer: a torch optimizer factory (class_path: torch.optim.AdamW, init_args: {lr: ...})
     lr_scheduler:    optional LR scheduler factory
     checkpoint:      {every, keep_last, at_end}                       (rlpost.engine.checkpoint.CheckpointConfig)
-    eval:            {prompts|sets, rewards, judges, num_steps, ...}  (rlpost.engine.evaluation; optional)
+    eval:            {prompts|sets, rewards, judges, alarm, num_steps, ...}  (rlpost.engine.evaluation; optional)
     logging:         {tensorboard, wandb, wandb_project, grid_every}  (rlpost.engine.logging_.LoggingConfig)
     guards:          {on_nonfinite: stop|skip, max_skipped_steps}     (rlpost.engine.guards.GuardConfig)
     ema:             {decay, update_every}                            (rlpost.engine.ema.EMAConfig; optional)
@@ -63,6 +63,7 @@ from rlpost.core.api import (
 from rlpost.core.registry import ContestedComponentError, Registries, suggest
 from rlpost.core.yaml_limits import MAX_BYTES as MAX_YAML_BYTES
 from rlpost.core.yaml_limits import YamlLimitError, load_yaml, short_repr
+from rlpost.engine.alarm import AlarmConfig
 from rlpost.engine.checkpoint import CheckpointConfig
 from rlpost.engine.distributed import DistributedConfig, validate_distributed
 from rlpost.engine.ema import EMAConfig
@@ -738,7 +739,7 @@ def _validate_eval(
             f"{value!r}"
         )
         return None, value
-    components = tuple(e.name for e in EVAL_SECTIONS)
+    components = (*(e.name for e in EVAL_SECTIONS), "alarm")
     known = (*components, *(f.name for f in dataclasses.fields(EvalSettings)))
     for key in value:
         if key not in known:
@@ -773,12 +774,33 @@ def _validate_eval(
             f"eval.rewards: reward source(s) {sorted({n for n in names if names.count(n) > 1})} listed twice"
         )
     judges = _validate_judges(value, built, names, host, problems, resolved)
+    trained = [n for n in names if n in {r.name for r in built.get("rewards") or []}]
+    alarm = _validate_alarm(value.get("alarm"), trained, problems, resolved)
     if settings is not None:
         resolved.update(dataclasses.asdict(settings))
         problems.extend(f"eval.{p}" for p in settings.problems())
     if len(problems) > start or sets is None or settings is None:
         return None, resolved
-    return EvalSpec(sets=sets, rewards=rewards, judges=judges, settings=settings), resolved
+    spec = EvalSpec(sets=sets, rewards=rewards, judges=judges, settings=settings, alarm=alarm, trained=trained)
+    return spec, resolved
+
+
+def _validate_alarm(raw: Any, trained: list[str], problems: list[str], resolved: dict[str, Any]) -> AlarmConfig | None:
+    """``eval.alarm`` (:mod:`rlpost.engine.alarm`): type and range checks (the config's own ``problems()``); an
+    enabled alarm needs a trained reward to watch."""
+    if raw is None:
+        return None
+    alarm: AlarmConfig | None = _check_with_parser("alarm", AlarmConfig, raw, problems, where="eval.alarm")
+    if alarm is None:
+        return None
+    resolved["alarm"] = dataclasses.asdict(alarm)
+    problems.extend(alarm.problems())
+    if alarm.enabled and not trained:
+        problems.append(
+            "eval.alarm: enabled, but no evaluation reward is a training reward (the alarm watches the trained reward "
+            "on the evaluation images: keep it in eval.rewards)"
+        )
+    return alarm
 
 
 def _validate_eval_sets(
@@ -1380,6 +1402,9 @@ def _add_arguments(parser: ArgumentParser, s: Section) -> None:
         group = parser.add_argument_group(s.name, s.help)
         for e in EVAL_SECTIONS:
             group.add_argument(f"--eval.{e.name}", type=_option_type(e) | None, default=None, help=e.help)
+        group.add_argument(
+            "--eval.alarm", type=AlarmConfig | None, default=None, help="reward-hacking alarm (rlpost.engine.alarm)"
+        )
         hints = typing.get_type_hints(EvalSettings)
         for f in dataclasses.fields(EvalSettings):
             help_text = EVAL_SETTING_HELP[f.name]

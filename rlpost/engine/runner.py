@@ -42,7 +42,7 @@ from rlpost.engine.checkpoint import (
 )
 from rlpost.engine.distributed import DeepSpeedBackend, World
 from rlpost.engine.ema import EMA
-from rlpost.engine.evaluation import Evaluator, image_dir
+from rlpost.engine.evaluation import LAST_EVAL, Evaluator, image_dir
 from rlpost.engine.guards import Guards
 from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
@@ -488,6 +488,7 @@ class Runner:
                 grid = image_dir(self.rundir.path, name, self.ctx.step).with_suffix(".png")
                 if grid.is_file():
                     self.logger.log_image(self.ctx.step, f"eval/{name}/grid" if name else "eval/grid", grid)
+        self.ctx.stash[LAST_EVAL] = metrics  # the progress line shows the reward-hacking alarm (rlpost.engine.alarm)
         return metrics
 
     def _periodic(self) -> None:
@@ -535,7 +536,12 @@ class Runner:
             while self.ctx.step < self.recipe.run.max_steps:
                 self.step()
                 self._periodic()
-            status = "completed"
+                # eval.alarm.stop (rlpost.engine.alarm): the alarm fired and asked the run to end
+                if self.evaluator is not None and self.evaluator.stop_requested:
+                    break
+            status = "stopped" if self.ctx.step < self.recipe.run.max_steps else "completed"
+            if status == "stopped" and self.recipe.checkpoint.at_end and self.last_saved_step != self.ctx.step:
+                self.save_checkpoint("alarm-stop")
         except KeyboardInterrupt:
             status = "interrupted"
             raise

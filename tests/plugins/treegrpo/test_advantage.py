@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from rlpost.core.contract import RewardScores, Rollout
-from rlpost_treegrpo.advantage import LeafZScoreAdvantage, TreeBackupAdvantage, backup_values
+from rlpost_treegrpo.advantage import (
+    LeafZScoreAdvantage,
+    TreeBackupAdvantage,
+    backup_values,
+    calibrated_weights,
+    grouped_ess,
+)
 
 NAN = float("nan")
 
@@ -188,3 +194,82 @@ def test_population_std_option_matches_the_official_code_normalisation() -> None
     ratio = out.edges[3:7] / default.edges[3:7]
     torch.testing.assert_close(ratio, torch.full((4,), (4 / 3) ** 0.5), rtol=1e-5, atol=1e-6)
     assert any("advantage.init_args.std" in p for p in TreeBackupAdvantage(std="ddof0").validate(None))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------- calibrated weighting
+def _sibling_sets(num_nodes: int, k: int, scale: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    parent = torch.arange(num_nodes).repeat_interleave(k)
+    return torch.randn(num_nodes * k, generator=g, dtype=torch.float64) * scale, parent
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 300.0])  # mean-reduction-, unit- and sum-reduction-sized gaps
+@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("target", [0.4, 0.5, 0.75, 0.95])
+def test_calibrated_weights_hit_the_target_ess(scale: float, k: int, target: float) -> None:
+    """Every node's ESS 1/Σw² is target·k (when target·k > 1), whatever the log-prob scale."""
+    logits, parent = _sibling_sets(40, k, scale, seed=k)
+    w = calibrated_weights(logits, parent, 40, target)
+    ess = grouped_ess(w, parent, 40)
+    expected = max(1.0, target * k)
+    assert torch.all((ess - expected).abs() < 1e-6), (float(ess.min()), float(ess.max()), expected)
+
+
+def test_calibrated_weights_limits_and_order() -> None:
+    """target 1 = uniform; target <= 1/k = one-hot on the most probable child; small targets approach one-hot;
+    the weights keep the softmax's order and do not depend on shifting or scaling the log-probs."""
+    logits, parent = _sibling_sets(30, 3, 1.0, seed=7)
+    uniform = calibrated_weights(logits, parent, 30, 1.0)
+    torch.testing.assert_close(uniform, torch.ones_like(uniform))
+    best = logits.view(30, 3).argmax(1)
+    onehot = calibrated_weights(logits, parent, 30, 0.0).view(30, 3)
+    torch.testing.assert_close(onehot, torch.nn.functional.one_hot(best, 3).double())
+    # Normalised weights of the best child rise towards 1 as the target falls towards 1/k.
+    tops = []
+    for target in (0.9, 0.6, 0.4, 0.34):
+        w = calibrated_weights(logits, parent, 30, target).view(30, 3)
+        w = w / w.sum(1, keepdim=True)
+        tops.append(float(w.gather(1, best[:, None]).min()))
+        lg = logits.view(30, 3)
+        # The paper's ordering: a more probable child never weighs less (pairwise differences agree in sign).
+        assert bool(((w[:, :, None] - w[:, None, :]) * (lg[:, :, None] - lg[:, None, :]) >= 0).all())
+    assert tops == sorted(tops) and tops[-1] > 0.9
+    shifted = calibrated_weights(5.0 * logits - 3.0, parent, 30, 0.5)
+    w0 = calibrated_weights(logits, parent, 30, 0.5)
+    torch.testing.assert_close(
+        shifted / shifted.view(30, 3).sum(1).repeat_interleave(3), w0 / w0.view(30, 3).sum(1).repeat_interleave(3)
+    )
+
+
+def test_calibrated_backup_is_a_finite_convex_combination() -> None:
+    """The backed-up value lies between the children's values (weights >= 0, summing to 1 per node); equal log-probs
+    (no spread to calibrate) give uniform weights and finite values."""
+    r, _ = two_level_tree()
+    leaf = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    values, w = backup_values(r, leaf, "calibrated", target_ess=0.6)
+    counts = r.children_count()
+    sums = torch.zeros(r.num_nodes, dtype=torch.float64).index_add_(0, r.edge_parent, w)
+    torch.testing.assert_close(sums[counts > 0], torch.ones(int((counts > 0).sum()), dtype=torch.float64))
+    assert bool((w >= 0).all())
+    for u in range(r.num_nodes):
+        kids = r.edge_child[r.edge_parent == u]
+        if len(kids) > 1:
+            assert float(values[kids].min()) - 1e-12 <= float(values[u]) <= float(values[kids].max()) + 1e-12
+    equal = make_rollout([0, 1, 1, 1], [0] * 4, [(0, 1 + j, -2.0, True) for j in range(3)], samples=[1, 2, 3])
+    values, w = backup_values(equal, torch.tensor([1.0, 0.1, -0.2]), "calibrated", target_ess=0.5)
+    assert bool(torch.isfinite(values).all())
+    torch.testing.assert_close(w, torch.full((3,), 1 / 3, dtype=torch.float64))
+    est = TreeBackupAdvantage(weights="calibrated", target_ess=0.5)
+    out = est.estimate(equal, scores([1.0, 0.1, -0.2]))
+    assert bool(torch.isfinite(out.edges).all()) and out.metrics["adv/backup_ess"] == pytest.approx(3.0)
+
+
+def test_calibrated_estimator_reports_the_target_ess_and_validates() -> None:
+    logp = [-1.0, -1.2, -0.7]
+    r = make_rollout([0, 1, 1, 1], [0] * 4, [(0, 1 + j, logp[j], True) for j in range(3)], samples=[1, 2, 3])
+    out = TreeBackupAdvantage(weights="calibrated", target_ess=0.6).estimate(r, scores([1.0, 0.1, -0.2]))
+    assert out.metrics["adv/backup_ess"] == pytest.approx(1.8, abs=1e-6)
+    problems = TreeBackupAdvantage(weights="calibrated", target_ess=1.5).validate(None)
+    assert any("advantage.init_args.target_ess" in p for p in problems)
+    with pytest.raises(ValueError, match="target_ess"):
+        backup_values(r, torch.zeros(3), "calibrated", target_ess=-0.1)

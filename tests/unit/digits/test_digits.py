@@ -121,7 +121,21 @@ def test_hooks_register_components() -> None:
     got: list[type] = []
     rlpost_register_reward_sources(register=got.append)
     rlpost_register_prompt_sources(register=got.append)
-    assert [c.name for c in got] == ["digit-alignment", "digit-judge", "digit-prompts"]
+    assert [c.name for c in got] == ["digit-alignment", "digit-judge", "digits-brightness", "digit-prompts"]
+
+
+def test_brightness_demo_reward_pays_for_ink_not_digits() -> None:
+    """digits-brightness (the planted hack of recipes/ablations/digits_hackable_reward.yaml) is the mean pixel value:
+    a white square outscores a real digit, whatever the prompt asks for."""
+    from rlpost_digits.reward import DigitsBrightnessReward
+
+    images = torch.zeros(3, 16, 16, 3, dtype=torch.uint8)
+    images[1, 4:12, 6:10] = 255  # a stroke: 32 of 256 pixels
+    images[2] = 255
+    scores = DigitsBrightnessReward().score(images, ["a 1"] * 3, [{"digit": 1}] * 3)
+    torch.testing.assert_close(scores, torch.tensor([0.0, 32 / 256, 1.0]))
+    with pytest.raises(ValueError, match="digits-brightness"):
+        DigitsBrightnessReward().score(images, ["a 1"], [{}])
 
 
 def test_prompts_fit_the_token_budgets(policy: SD3Policy) -> None:
