@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from rlpost import hookimpl
+from rlpost.apps.alarm_replay import replay
 from rlpost.apps.progress import alarm_text
 from rlpost.apps.reporting import report_summary
 from rlpost.core.api import RewardSource
 from rlpost.core.plugins import PluginHost
-from rlpost.engine.alarm import AlarmConfig, RewardHackingAlarm, image_stats, ls_change, replay
+from rlpost.engine.alarm import AlarmConfig, RewardHackingAlarm, image_stats, ls_change
 from rlpost.engine.evaluation import LAST_EVAL
 from rlpost.engine.recipe import RecipeError, validate
 from rlpost.engine.runner import Runner
