@@ -286,11 +286,18 @@ def test_cli_refuses_a_contested_reward_with_exit_2(hostile_site, tmp_path):
     # tiny-random: validation needs no downloaded weights (valid.yaml names SD3.5-medium, not installed here)
     args = ["validate", "--recipe", str(recipes / "valid.yaml"), "--run.output_dir", str(out)]
     args += ["--model.pretrained", "tiny-random", "--model.resolution", "32"]
+    proc = _cli(args, hostile_site)  # the recipe file itself names the contested reward
+    assert proc.returncode == 2, proc.stderr
+    assert "rewards[0].class_path: reward name 'jpeg-compressibility' is contested" in proc.stderr
     proc = _cli([*args, "--rewards", "[jpeg-compressibility]"], hostile_site)
     assert proc.returncode == 2, proc.stderr
     assert "contested" in proc.stderr and "rlpost-plugin-impostor" in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
     proc = _cli([*args, "--rewards", "[rlpost:jpeg-compressibility]"], hostile_site)
+    assert proc.returncode == 0, proc.stderr
+    overlay = tmp_path / "qualified.yaml"  # a later recipe file replaces the contested choice too
+    overlay.write_text("rewards: ['rlpost:jpeg-compressibility']\n")
+    proc = _cli([*args, "--recipe", str(overlay)], hostile_site)
     assert proc.returncode == 0, proc.stderr
     proc = _cli([*args, "--rewards", "[jpeg-compressibility]"], hostile_site, RLPOST_BLOCK_PLUGINS="impostor")
     assert proc.returncode == 0, proc.stderr
