@@ -3,27 +3,22 @@
 There is no algorithm name in this file: what varies between TreeGRPO, DanceGRPO, MixGRPO and DDPO lives in the
 sampler, advantage estimator and update rule the recipe chose. Around the loop: non-finite guards
 (:mod:`rlpost.engine.guards`), periodic held-out evaluation (:mod:`rlpost.engine.evaluation`), atomic checkpoints and
-exact resume (:mod:`rlpost.engine.checkpoint`), optional EMA (:mod:`rlpost.engine.ema`) and metric sinks
-(:mod:`rlpost.engine.logging_`).
+exact resume (:mod:`rlpost.engine.checkpoint`, the run's state in and out of them in :mod:`rlpost.engine.persistence`),
+optional EMA (:mod:`rlpost.engine.ema`) and metric sinks (:mod:`rlpost.engine.logging_`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import random
 import resource
 import sys
 import warnings
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from rlpost.components.prompts import PromptStream
 from rlpost.core.api import Advantages, UpdateContext
@@ -31,25 +26,19 @@ from rlpost.core.context import RunContext
 from rlpost.core.contract import RewardScores, Rollout
 from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
+from rlpost.engine import persistence
 from rlpost.engine.backend import EngineBackend, LocalBackend, resolve_device
-from rlpost.engine.checkpoint import (
-    CheckpointError,
-    CheckpointInfo,
-    find_checkpoint,
-    read_checkpoint,
-    rotate,
-    write_checkpoint,
-)
+from rlpost.engine.checkpoint import CheckpointError, CheckpointInfo, find_checkpoint
 from rlpost.engine.distributed import DeepSpeedBackend, World
 from rlpost.engine.ema import EMA
 from rlpost.engine.evaluation import LAST_EVAL, Evaluator, image_dir
 from rlpost.engine.guards import Guards
 from rlpost.engine.logging_ import MetricsLogger
+from rlpost.engine.persistence import RunState
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
 from rlpost.engine.recipe import Recipe, state_breaking_changes
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.sharding import STREAM_MINIBATCH, STREAM_ROLLOUT, GroupSharding, LocalSharding, stream_generator
-from rlpost.engine.weights import write_diffusers_artifacts
 from rlpost.ops.images import save_grid
 
 __all__ = ["Runner"]
@@ -325,153 +314,48 @@ class Runner:
 
     # ------------------------------------------------------------------------------------------ state & disk
 
-    def state(self) -> dict[str, Any]:
-        """Everything needed to continue this run except the trainable weights: step, prompt stream, every RNG
-        stream, torch optimizer and LR scheduler, component and plugin state, guard counters.
-
-        Plugins add their own entries through ``rlpost_save_state`` under ``state["plugins"]``.
-        """
+    def _run_state(self) -> RunState:
+        """This run's parts as :mod:`rlpost.engine.persistence` saves and restores them."""
         assert self.stream is not None and self.backend is not None, "call setup() first"
-        r = self.recipe
-        # Checked per plugin before anything is written: a value that cannot be saved names its plugin and the
-        # last good checkpoint on disk stays as it is.
-        plugins = self.host.save_state(self.ctx)
-        rng: dict[str, Any] = {
-            "rollout": self.rollout_gen.get_state(),
-            "minibatch": self.minibatch_gen.get_state(),
-            "torch": torch.get_rng_state(),
-            "python": random.getstate(),
-            "numpy": np.random.get_state(),
-        }
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        return {
-            "step": self.ctx.step,
-            "seed": self.seed,
-            "prompt_stream": self.stream.state_dict(),
-            "rng": rng,
-            "torch_optimizer": self.backend.optimizer.state_dict(),
-            "lr_scheduler": self.backend.scheduler.state_dict() if self.backend.scheduler is not None else None,
-            "backend": {"num_steps": self.backend.num_steps, "skipped_steps": self.backend.skipped_steps},
-            "guards": {"skipped_steps": self.guards.skipped_steps},
-            "components": {
-                "sampler": r.sampler.state_dict(),
-                "advantage": r.advantage.state_dict(),
-                "optimizer": r.optimizer.state_dict(),
-                "rewards": {reward.name: reward.state_dict() for reward in r.rewards},
-            },
-            "plugins": plugins,
-        }
+        return RunState(
+            recipe=self.recipe,
+            host=self.host,
+            ctx=self.ctx,
+            seed=self.seed,
+            rollout_gen=self.rollout_gen,
+            minibatch_gen=self.minibatch_gen,
+            stream=self.stream,
+            backend=self.backend,
+            guards=self.guards,
+            ema=self.ema,
+            rundir=self.rundir,
+            barrier=self.shard.barrier,
+        )
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to continue this run except the trainable weights
+        (:func:`rlpost.engine.persistence.gather_state`); plugins add theirs through ``rlpost_save_state``."""
+        return persistence.gather_state(self._run_state())
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state` returned (after :meth:`setup`); calls ``rlpost_load_state``."""
-        assert self.stream is not None and self.backend is not None, "call setup() first"
-        r = self.recipe
-        self.ctx.step = int(state["step"])
-        self.stream.load_state_dict(state["prompt_stream"])
-        rng = state["rng"]
-        self.rollout_gen.set_state(rng["rollout"])
-        self.minibatch_gen.set_state(rng["minibatch"])
-        if "torch" in rng:
-            torch.set_rng_state(rng["torch"])
-            random.setstate(_as_tuple(rng["python"]))
-            np.random.set_state(rng["numpy"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        if "torch_optimizer" in state:
-            self.backend.optimizer.load_state_dict(state["torch_optimizer"])
-        if state.get("lr_scheduler") is not None and self.backend.scheduler is not None:
-            self.backend.scheduler.load_state_dict(state["lr_scheduler"])
-        backend = state.get("backend", {})
-        self.backend.num_steps = int(backend.get("num_steps", 0))
-        self.backend.skipped_steps = int(backend.get("skipped_steps", 0))
-        self.guards.skipped_steps = int(state.get("guards", {}).get("skipped_steps", 0))
-        comps = state["components"]
-        r.sampler.load_state_dict(comps["sampler"])
-        r.advantage.load_state_dict(comps["advantage"])
-        r.optimizer.load_state_dict(comps["optimizer"])
-        for reward in r.rewards:
-            reward.load_state_dict(comps["rewards"].get(reward.name, {}))
-        self.host.load_state(self.ctx, state["plugins"])
-
-    @contextlib.contextmanager
-    def _published_weights(self, whole: bool = False) -> Iterator[None]:
-        """EMA weights swapped in when EMA is enabled (evaluation, diffusers artefacts); live weights otherwise.
-
-        ``whole``: also gather ZeRO-3's partitioned trainable parameters, for saving them from the module. Collective
-        under ZeRO: every rank enters.
-        """
-        with self.ema.swapped() if self.ema is not None else contextlib.nullcontext():
-            with self.backend.gathered() if whole and self.backend is not None else contextlib.nullcontext():
-                yield
+        persistence.restore_state(self._run_state(), state)
 
     def save_checkpoint(self, reason: str = "periodic") -> Path | None:
-        """Write a checkpoint of the current state (main process) and rotate old ones; returns its directory.
+        """Write a checkpoint of the current state (main process) and rotate old ones; returns its directory
+        (:func:`rlpost.engine.persistence.save_checkpoint`).
 
         Raises:
             CheckpointError: The trainable (or EMA) weights are not finite: nothing is written.
         """
-        assert self.backend is not None, "call setup() first"
-        r = self.recipe
-        # Collective under ZeRO: every rank takes part in gathering weights and optimizer state; rank 0 writes.
-        weights = self.backend.full_state_dict()
-        state = self.state()
-        ema = self.ema.state_dict() if self.ema is not None else None  # collective under ZeRO, like the weights
-        if not self.ctx.is_main_process:
-            # Rank 0 saves the artefacts from its module, EMA swapped in, ZeRO-3 partitions gathered: take part.
-            with self._published_weights(whole=True):
-                pass
-            self.shard.barrier()
-            return None
-        config_text = yaml.safe_dump(r.config, sort_keys=False)
-
-        def artefacts(directory: Path) -> None:
-            with self._published_weights(whole=True):
-                write_diffusers_artifacts(r.model, directory)
-
-        manifest = {
-            "reason": reason,
-            "recipe_sha256": hashlib.sha256(config_text.encode()).hexdigest(),
-            "base_model": (r.config.get("model", {}).get("init_args") or {}).get("pretrained"),
-            "components": {k: getattr(r, k).name for k in ("model", "sampler", "advantage", "optimizer")},
-            # Which plugin registered each: the sampler's names the algorithm on the exported model card.
-            "origins": {k: self.host.component_origin(k, getattr(r, k))[1] for k in ("sampler", "advantage")},
-            "rewards": [reward.name for reward in r.rewards],
-            "ema": self.ema is not None,
-        }
-        path = write_checkpoint(
-            self.rundir.path,
-            self.ctx.step,
-            weights,
-            state,
-            extra=artefacts,
-            ema=ema,
-            manifest_extra=manifest,
-        )
-        (path.parent / "latest.json").write_text(json.dumps({"step": self.ctx.step, "path": path.name}))
-        rotate(self.rundir.path, r.checkpoint.keep_last)
-        self.last_saved_step = self.ctx.step
-        self.shard.barrier()
+        path = persistence.save_checkpoint(self._run_state(), reason)
+        if path is not None:
+            self.last_saved_step = self.ctx.step
         return path
 
     def load_checkpoint(self, info: CheckpointInfo) -> None:
         """Restore weights, EMA and state from a checkpoint (after :meth:`setup` built everything)."""
-        assert self.backend is not None
-        weights, state, ema = read_checkpoint(info)
-        self.backend.load_full_state_dict(weights)
-        if self.ema is not None:
-            if ema is None:
-                raise CheckpointError(f"{info.path}: the recipe enables ema but the checkpoint holds no EMA weights")
-            self.ema.load_state_dict(ema)
-        self.load_state(state)
-        changed = sorted(
-            k
-            for k in set(self.recipe.config) | set(self.rundir.stored_recipe())
-            if self.recipe.config.get(k) != self.rundir.stored_recipe().get(k)
-        )
-        if self.ctx.is_main_process:  # truncates metrics and records the resume: rank 0 only
-            self.ctx.history = self.rundir.reopen(self.ctx.step, str(info.path), changed)
-        self.shard.barrier()
+        persistence.load_checkpoint(self._run_state(), info)
         self.last_saved_step = self.ctx.step
 
     # --------------------------------------------------------------------------------------------------- run
@@ -480,7 +364,7 @@ class Runner:
         """Held-out evaluation at the current step (EMA weights when enabled); empty without an ``eval`` section."""
         if self.evaluator is None:
             return {}
-        with self.phases.timed("eval"), self._published_weights():
+        with self.phases.timed("eval"), persistence.published_weights(self.ema, self.backend):
             metrics = self.evaluator.evaluate(self.ctx.step, self.ctx.is_main_process)
         if self.logger is not None:
             self.logger.log_trackers(self.ctx.step, metrics)
@@ -562,10 +446,3 @@ def _reward_problem(raw: Any, n: int) -> str | None:
     if not (raw.is_floating_point() or raw.dtype in (torch.int32, torch.int64, torch.bool)):
         return f"returned dtype {raw.dtype}, expected real numbers"
     return None
-
-
-def _as_tuple(obj: Any) -> Any:
-    """JSON turned Python's RNG state tuples into lists; ``random.setstate`` needs tuples again."""
-    if isinstance(obj, list):
-        return tuple(_as_tuple(v) for v in obj)
-    return obj
