@@ -19,8 +19,8 @@ unchanged. This keeps the decoded sample linked to its window leaf without any s
 
 The window start is set once per training step in :meth:`TreeSampler.begin_step` (drawn with the step's generator
 from the law in :mod:`rlpost_treegrpo.window`, or the step's position on the ``progressive`` schedule), so every group
-and every rank of a step shares it and each step is one batched forward; it is stored in
-``rollout.stash[WINDOW_START]``.
+and every rank of a step shares it and each step is one batched forward. It is published once: logged as the
+rollout statistic ``tree/window_start``; in-process readers (the bench) use the public :attr:`TreeSampler.window_start`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from rlpost import (
     Rollout,
     RolloutBuilder,
     Sampler,
-    StashKey,
     StepCounts,
     StepKernel,
     dpm_solver_pp2_step,
@@ -60,10 +59,7 @@ from rlpost_treegrpo.window import (
     window_probs,
 )
 
-__all__ = ["DPM_TAIL_KERNEL", "WINDOW_START", "TailGrid", "TailSolver", "TreeSampler"]
-
-WINDOW_START: StashKey[int] = StashKey("treegrpo.window_start")
-"""Stash key of the rollout's window start ``i`` (the window is steps ``i … i+d-1``)."""
+__all__ = ["DPM_TAIL_KERNEL", "TailGrid", "TailSolver", "TreeSampler"]
 
 SDEKernelName = Literal["flow-sde", "dance-sde", "cps"]
 
@@ -455,9 +451,7 @@ class TreeSampler(Sampler):
             "perf/rollout_forwards": float(forwards),
             "perf/rollout_calls": float(calls),
         }
-        rollout = builder.build(ids, images, stats)
-        rollout.stash[WINDOW_START] = start
-        return rollout
+        return builder.build(ids, images, stats)
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
         """Recompute the window edges' log-probs with one forward per parent (the shared :func:`evaluate_edges`).

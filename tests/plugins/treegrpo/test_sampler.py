@@ -9,7 +9,7 @@ import torch
 
 from rlpost.core.contract import PromptBatch, Rollout
 from rlpost_treegrpo.advantage import TreeBackupAdvantage
-from rlpost_treegrpo.sampler import WINDOW_START, TreeSampler
+from rlpost_treegrpo.sampler import TreeSampler
 
 PROMPTS = ["a red cube", "a blue sphere"]
 
@@ -65,7 +65,7 @@ def test_counts_match_closed_form(
     g = 2
     rollout, forwards = run(policies[guidance], sampler, groups=g)
     c = sampler.counts(g, samples_per_group=4)
-    assert rollout.stash[WINDOW_START] == start
+    assert rollout.stats["tree/window_start"] == start == sampler.window_start
     assert rollout.num_samples == c.images == g * trees * k**depth
     assert int(rollout.trainable.sum()) == c.trainable_edges == g * trees * sum(k**j for j in range(1, depth + 1))
     assert (
@@ -128,7 +128,7 @@ def test_rollout_is_reproducible_and_backup_runs(policies: dict[float, Any]) -> 
     sampler = TreeSampler(num_steps=4, k=2, depth=2)
     a, _ = run(policies[1.0], sampler, seed=7)
     b, _ = run(policies[1.0], sampler, seed=7)
-    assert torch.equal(a.states, b.states) and a.stash[WINDOW_START] == b.stash[WINDOW_START]
+    assert torch.equal(a.states, b.states) and a.stats["tree/window_start"] == b.stats["tree/window_start"]
     from rlpost.core.contract import RewardScores
 
     rewards = a.images.float().mean(dim=(1, 2, 3))

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from rlpost.core.api import Conditioning, Policy
 from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.ops.kernels import dpm_solver_pp2_step
-from rlpost_treegrpo.sampler import WINDOW_START, TreeSampler
+from rlpost_treegrpo.sampler import TreeSampler
 from tests.tolerances import assert_fp32_close
 
 MU, S = 0.7, 0.5
@@ -94,7 +94,7 @@ def grow(sampler: TreeSampler, policy: Policy, seed: int = 0, groups: int = 2) -
 def tail_error(sampler: TreeSampler) -> float:
     """Max abs error of the decoded leaves against the exact ODE from each window leaf."""
     rollout = grow(sampler, GaussianFlowPolicy())
-    end = int(rollout.stash[WINDOW_START]) + sampler.depth
+    end = int(rollout.stats["tree/window_start"]) + sampler.depth
     leaf_nodes = (rollout.node_step == end).nonzero().flatten()
     leaves = rollout.states[leaf_nodes]
     final = rollout.states[rollout.sample_node]
