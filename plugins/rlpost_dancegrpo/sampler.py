@@ -41,6 +41,7 @@ from rlpost import (
     chain_counts,
     evaluate_edges,
     last_steps_kernels,
+    last_steps_problems,
     make_kernel,
     random_step_subset,
     rollout_chains,
@@ -133,12 +134,7 @@ class DanceGRPOSampler(Sampler):
                 f"sampler.init_args.timestep_fraction: int({self.eligible_steps} eligible steps x "
                 f"{self.timestep_fraction}) = 0 steps would be trained; raise it or num_steps"
             )
-        if self.final_step not in ("ode", "sde"):
-            problems.append(f"sampler.init_args.final_step: must be 'ode' or 'sde', got {self.final_step!r}")
-        if self.penultimate_step not in ("ode", "sde"):
-            problems.append(
-                f"sampler.init_args.penultimate_step: must be 'ode' or 'sde', got {self.penultimate_step!r}"
-            )
+        problems += last_steps_problems(self.penultimate_step, self.final_step)
         # The model adapter says where its grid turns (near-)clean (Policy.clean_tail_steps); None skips the check.
         model = getattr(recipe, "model", None)
         tail = model.clean_tail_steps() if isinstance(model, Policy) else None

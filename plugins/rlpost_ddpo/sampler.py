@@ -40,6 +40,7 @@ from rlpost import (
     chain_counts,
     evaluate_edges,
     last_steps_kernels,
+    last_steps_problems,
     make_kernel,
     random_step_subset,
     rollout_chains,
@@ -113,12 +114,7 @@ class DDPOSampler(Sampler):
             problems.append(f"sampler.init_args.timestep_fraction: must be in (0, 1], got {self.timestep_fraction}")
         elif self.num_steps >= 2 and self.train_steps < 1:
             problems.append(f"sampler.init_args.timestep_fraction: {self.timestep_fraction} trains 0 steps")
-        if self.final_step not in ("ode", "sde"):
-            problems.append(f"sampler.init_args.final_step: must be 'ode' or 'sde', got {self.final_step!r}")
-        if self.penultimate_step not in ("ode", "sde"):
-            problems.append(
-                f"sampler.init_args.penultimate_step: must be 'ode' or 'sde', got {self.penultimate_step!r}"
-            )
+        problems += last_steps_problems(self.penultimate_step, self.final_step)
         # The model adapter says where its grid turns (near-)clean (Policy.clean_tail_steps); None skips the check.
         model = getattr(recipe, "model", None)
         tail = model.clean_tail_steps() if isinstance(model, Policy) else None

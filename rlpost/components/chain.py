@@ -33,6 +33,7 @@ __all__ = [
     "chain_counts",
     "edge_sample_ids",
     "last_steps_kernels",
+    "last_steps_problems",
     "node_sample_ids",
     "random_step_subset",
     "rollout_chains",
@@ -108,6 +109,16 @@ def last_steps_kernels(num_steps: int, penultimate_step: str, final_step: str) -
     if final_step == "ode":
         kinds[-1] = 1
     return kinds
+
+
+def last_steps_problems(penultimate_step: str, final_step: str) -> list[str]:
+    """Validation messages for the two settings :func:`last_steps_kernels` reads (each ``"ode"`` or ``"sde"``),
+    prefixed by their recipe field (``sampler.init_args.final_step``, ``sampler.init_args.penultimate_step``)."""
+    return [
+        f"sampler.init_args.{field}: must be 'ode' or 'sde', got {value!r}"
+        for field, value in (("final_step", final_step), ("penultimate_step", penultimate_step))
+        if value not in ("ode", "sde")
+    ]
 
 
 def random_step_subset(
