@@ -34,4 +34,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "gpu" in item.keywords:
             item.add_marker(skip)
 
+
 from tests.models_fixtures import *  # noqa: E402,F401,F403  (tiny SD3 fixtures, e.g. tiny_sd3_dir)

@@ -146,8 +146,10 @@ class DanceGRPOSampler(Sampler):
                 "time_grid 'shifted-linspace' (DanceGRPO's own grid)"
             )
         if self.ignore_last and self.final_step == "ode":
-            problems.append("sampler.init_args.ignore_last: has no effect with final_step='ode' (the last step is "
-                            "already deterministic and untrained); drop it")
+            problems.append(
+                "sampler.init_args.ignore_last: has no effect with final_step='ode' (the last step is "
+                "already deterministic and untrained); drop it"
+            )
         if self.chunk_size < 1:
             problems.append(f"sampler.init_args.chunk_size: must be >= 1, got {self.chunk_size}")
         return problems
@@ -161,8 +163,14 @@ class DanceGRPOSampler(Sampler):
         subset = random_step_subset(num_samples, len(eligible), len(eligible), self.train_steps, generator)
         trainable = torch.zeros((num_samples, t), dtype=torch.bool)
         trainable[:, eligible] = subset
-        return ChainPlan(sigmas.cpu(), ["dance-sde", "ode"], self._kernels, self.step_kinds, trainable,
-                         decode_x0=self.final_step == "sde")
+        return ChainPlan(
+            sigmas.cpu(),
+            ["dance-sde", "ode"],
+            self._kernels,
+            self.step_kinds,
+            trainable,
+            decode_x0=self.final_step == "sde",
+        )
 
     # --------------------------------------------------------------------------------------------- sampling
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:

@@ -85,8 +85,10 @@ class DDPOSampler(Sampler):
         self.penultimate_step = penultimate_step
         self.logprob_reduction: LogProbReduction = logprob_reduction
         self.chunk_size = int(chunk_size)
-        self._kernels: list[StepKernel | None] = [make_kernel("flow-sde", noise_level=self.noise_level),
-                                                  make_kernel("ode")]
+        self._kernels: list[StepKernel | None] = [
+            make_kernel("flow-sde", noise_level=self.noise_level),
+            make_kernel("ode"),
+        ]
 
     @property
     def step_kinds(self) -> list[int]:
@@ -143,8 +145,9 @@ class DDPOSampler(Sampler):
         if self.train_steps == self.stochastic_steps:
             trainable[:, stochastic] = True
         else:
-            trainable[:, stochastic] = random_step_subset(num_samples, len(stochastic), len(stochastic),
-                                                          self.train_steps, generator)
+            trainable[:, stochastic] = random_step_subset(
+                num_samples, len(stochastic), len(stochastic), self.train_steps, generator
+            )
         return ChainPlan(sigmas.cpu(), ["flow-sde", "ode"], self._kernels, step_kernel, trainable)
 
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:

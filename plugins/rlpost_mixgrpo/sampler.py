@@ -201,8 +201,9 @@ class MixGRPOSampler(Sampler):
         s = num_groups * samples_per_group
         window = self.scheduler.window()
         edges = s * (window[1] - window[0])
-        return StepCounts(images=s, trainable_edges=edges, rollout_forwards=s * self.steps_for(window),
-                          train_forwards=edges)
+        return StepCounts(
+            images=s, trainable_edges=edges, rollout_forwards=s * self.steps_for(window), train_forwards=edges
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The window scheduler's position: the last begun step's window (``begin_step`` of the next step advances it,

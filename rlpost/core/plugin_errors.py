@@ -31,6 +31,7 @@ class HostView(Protocol):
     def registry(self, key: str) -> Registry[Any]:
         """The component registry of ``key``."""
 
+
 __all__ = [
     "HostView",
     "PluginRuntimeError",

@@ -77,11 +77,7 @@ class CheckpointConfig:
 
     def problems(self) -> list[str]:
         """Range problems, each naming its field relative to the section (the recipe prefixes ``checkpoint.``)."""
-        return [
-            f"{n}: must be >= 0, got {getattr(self, n)}"
-            for n in ("every", "keep_last")
-            if getattr(self, n) < 0
-        ]
+        return [f"{n}: must be >= 0, got {getattr(self, n)}" for n in ("every", "keep_last") if getattr(self, n) < 0]
 
 
 class CheckpointError(Exception):

@@ -128,9 +128,7 @@ def shifted_linspace_sigmas(num_steps: int, shift: float = 3.0) -> Tensor:
     return time_shift(torch.linspace(1, 0, num_steps + 1, dtype=torch.float32), float(shift))
 
 
-def time_grid_sigmas(
-    grid: str, num_steps: int, shift: float, num_train_timesteps: int = NUM_TRAIN_TIMESTEPS
-) -> Tensor:
+def time_grid_sigmas(grid: str, num_steps: int, shift: float, num_train_timesteps: int = NUM_TRAIN_TIMESTEPS) -> Tensor:
     """``[num_steps + 1]`` fp32 noise levels of the named time grid (the one place a grid name becomes sigmas).
 
     Args:

@@ -58,9 +58,23 @@ def test_tiny_tree_training_step_on_cuda(family, request, tmp_path, monkeypatch)
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)
     out = tmp_path / "run"
-    rc = cli.main(["train", "--recipe", recipe, "--model.pretrained", str(model_dir),
-                   "--model.dtype", "auto", "--run.device", "cuda", "--run.output_dir", str(out),
-                   "--run.max_steps", "2"])
+    rc = cli.main(
+        [
+            "train",
+            "--recipe",
+            recipe,
+            "--model.pretrained",
+            str(model_dir),
+            "--model.dtype",
+            "auto",
+            "--run.device",
+            "cuda",
+            "--run.output_dir",
+            str(out),
+            "--run.max_steps",
+            "2",
+        ]
+    )
     assert rc == 0
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2

@@ -182,16 +182,25 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tests/unit/models/test_sd3.py", "assert torch.equal(policy.sigmas(10), sd3_sigmas(10, 3.0))"): "schedules",
     # FLUX: packing is views and permutes; the adapter's noise is the pipeline's draw, reshaped; FluxPolicy.sigmas
     # hands linspace to the pipeline's own scheduler class; cached prompt rows are copies
-    ("tests/unit/models/test_flux.py", "assert torch.equal(packed, FluxPipeline._pack_latents(x, 2, 4, 8, 6))"): "no-arithmetic",
+    (
+        "tests/unit/models/test_flux.py",
+        "assert torch.equal(packed, FluxPipeline._pack_latents(x, 2, 4, 8, 6))",
+    ): "no-arithmetic",
     ("tests/unit/models/test_flux.py", "assert torch.equal(unpack_latents(packed, 8, 6), x)"): "no-arithmetic",
-    ("tests/unit/models/test_flux.py", "assert torch.equal(FluxPipeline._unpack_latents(packed, 16, 12, 2), x)"): "no-arithmetic",
+    (
+        "tests/unit/models/test_flux.py",
+        "assert torch.equal(FluxPipeline._unpack_latents(packed, 16, 12, 2), x)",
+    ): "no-arithmetic",
     ("tests/unit/models/test_flux.py", "assert torch.equal(pack_latents(ours), packed)"): "one-machine",
     ("tests/unit/models/test_flux.py", "assert torch.equal(policy.sigmas(7), pipe.scheduler.sigmas)"): "flux-schedules",
     (
         "tests/unit/models/test_flux.py",
         "assert torch.equal(static.sigmas(7), shifted_linspace_sigmas(7, 3.0))  # the config's shift, DanceGRPO's 3",
     ): "one-machine",
-    ("tests/unit/models/test_flux.py", "assert torch.equal(two.sigmas(3), shifted_linspace_sigmas(3, 2.0))"): "one-machine",
+    (
+        "tests/unit/models/test_flux.py",
+        "assert torch.equal(two.sigmas(3), shifted_linspace_sigmas(3, 2.0))",
+    ): "one-machine",
     (
         "tests/unit/models/test_flux.py",
         'assert torch.equal(c1.tensors["prompt_embeds"][0], c2.tensors["prompt_embeds"][2])',

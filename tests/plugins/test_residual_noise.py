@@ -73,8 +73,14 @@ def prompts() -> list[str]:
 def policies() -> dict[str, SD3Policy]:
     out: dict[str, SD3Policy] = {}
     for grid in GRIDS:
-        policy = SD3Policy(pretrained=str(DIGITS_SD3_DIR), resolution=16, guidance_scale=1.0, dtype="float32",
-                           max_sequence_length=MAX_SEQUENCE_LENGTH, time_grid=grid)
+        policy = SD3Policy(
+            pretrained=str(DIGITS_SD3_DIR),
+            resolution=16,
+            guidance_scale=1.0,
+            dtype="float32",
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+            time_grid=grid,
+        )
         policy.setup(torch.device("cpu"))
         out[grid] = policy
     return out
@@ -174,10 +180,18 @@ CHAIN_CASES: list[tuple[str, str, Callable[[], Sampler], str]] = [
     ("dance final ode", "shifted-linspace", lambda: DanceGRPOSampler(num_steps=T), "dance"),
     ("dance final sde", "diffusers", lambda: DanceGRPOSampler(num_steps=T, final_step="sde"), "dance"),
     ("dance final sde", "shifted-linspace", lambda: DanceGRPOSampler(num_steps=T, final_step="sde"), "dance"),
-    ("dance upstream-exact (recipe)", "shifted-linspace",
-     lambda: DanceGRPOSampler(num_steps=T, penultimate_step="sde"), "dance"),
-    ("dance upstream-exact, final sde", "shifted-linspace",
-     lambda: DanceGRPOSampler(num_steps=T, penultimate_step="sde", final_step="sde"), "dance"),
+    (
+        "dance upstream-exact (recipe)",
+        "shifted-linspace",
+        lambda: DanceGRPOSampler(num_steps=T, penultimate_step="sde"),
+        "dance",
+    ),
+    (
+        "dance upstream-exact, final sde",
+        "shifted-linspace",
+        lambda: DanceGRPOSampler(num_steps=T, penultimate_step="sde", final_step="sde"),
+        "dance",
+    ),
     ("ddpo", "diffusers", lambda: DDPOSampler(num_steps=T), "ddim"),
     ("ddpo", "shifted-linspace", lambda: DDPOSampler(num_steps=T), "ddim"),
     ("ddpo final sde", "diffusers", lambda: DDPOSampler(num_steps=T, final_step="sde"), "ddim"),
@@ -185,10 +199,15 @@ CHAIN_CASES: list[tuple[str, str, Callable[[], Sampler], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("label", "grid", "make", "upstream"), CHAIN_CASES,
-                         ids=[f"{c[0]}|{c[1]}" for c in CHAIN_CASES])
+@pytest.mark.parametrize(
+    ("label", "grid", "make", "upstream"), CHAIN_CASES, ids=[f"{c[0]}|{c[1]}" for c in CHAIN_CASES]
+)
 def test_chain_samplers_leave_no_more_noise_than_upstream(
-    label: str, grid: str, make: Callable[[], Sampler], upstream: str, policies: dict[str, SD3Policy],
+    label: str,
+    grid: str,
+    make: Callable[[], Sampler],
+    upstream: str,
+    policies: dict[str, SD3Policy],
     prompts: list[str],
 ) -> None:
     ours = sampler_excess(make(), policies[grid], prompts)
@@ -218,7 +237,11 @@ UPSTREAM_GRID_CASES: list[tuple[str, str, Callable[[], Any]]] = [
 
 @pytest.mark.parametrize(("label", "grid", "make"), UPSTREAM_GRID_CASES, ids=[c[0] for c in UPSTREAM_GRID_CASES])
 def test_window_samplers_leave_no_more_noise_than_on_their_upstream_grid(
-    label: str, grid: str, make: Callable[[], Sampler], policies: dict[str, SD3Policy], prompts: list[str],
+    label: str,
+    grid: str,
+    make: Callable[[], Sampler],
+    policies: dict[str, SD3Policy],
+    prompts: list[str],
 ) -> None:
     upstream_grid = next(g for g in GRIDS if g != grid)
     ours = sampler_excess(make(), policies[grid], prompts)
@@ -234,7 +257,11 @@ def test_the_statistic_detects_noise_left_by_a_step_into_sigma_min(
 ) -> None:
     """The measurement itself: sampling the step into diffusers' σ_min (the issue's case) leaves +3 grey levels."""
     policy = policies["diffusers"]
-    noisy = reference_excess(policy, prompts, lambda x, v, s, sn, z: dance_step(x, v, s, sn, z)
-                             if float(sn[0]) > 0 else x + (sn - s).view(-1, 1, 1, 1) * v, decode_last_x0=False)
+    noisy = reference_excess(
+        policy,
+        prompts,
+        lambda x, v, s, sn, z: dance_step(x, v, s, sn, z) if float(sn[0]) > 0 else x + (sn - s).view(-1, 1, 1, 1) * v,
+        decode_last_x0=False,
+    )
     print(f"excess roughness: DanceGRPO SDE into sigma_min on diffusers: {noisy:+.2f}")  # shown by -rA
     assert noisy > reference("dance", "diffusers", policies, prompts) + 3 * TOLERANCE

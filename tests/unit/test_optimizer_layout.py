@@ -24,13 +24,24 @@ def _one_step_metrics(tiny_sd3_dir: Path, out: Path, *overrides: str) -> dict[st
 
     reset_host(None)
     try:
-        rc = cli.main([
-            "train", "--recipe", "recipes/tiny/treegrpo.yaml", "--model.pretrained", str(tiny_sd3_dir),
-            "--run.output_dir", str(out), "--run.max_steps", "1",
-            "--torch_optimizer.init_args.lr", "0.05",  # large on purpose: the first step must move the policy
-            "--optimizer.minibatch_edges", "2",  # several minibatches per optimizer step
-            *overrides,
-        ])
+        rc = cli.main(
+            [
+                "train",
+                "--recipe",
+                "recipes/tiny/treegrpo.yaml",
+                "--model.pretrained",
+                str(tiny_sd3_dir),
+                "--run.output_dir",
+                str(out),
+                "--run.max_steps",
+                "1",
+                "--torch_optimizer.init_args.lr",
+                "0.05",  # large on purpose: the first step must move the policy
+                "--optimizer.minibatch_edges",
+                "2",  # several minibatches per optimizer step
+                *overrides,
+            ]
+        )
     finally:
         reset_host(None)
     assert rc == 0

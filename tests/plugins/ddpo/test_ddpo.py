@@ -68,8 +68,9 @@ def test_tracker_estimate_broadcasts_to_trainable_edges() -> None:
 
     scores = RewardScores({"r": torch.tensor([1.0, 2.0, 3.0, 5.0])}, {"r": 1.0})
     adv = PerPromptStatTracker(buffer_size=4, min_count=2).estimate(rollout, scores)
-    assert adv.samples.tolist() == pytest.approx([norm(1, [1, 2]), norm(2, [1, 2]), norm(3, [3, 5]), norm(5, [3, 5])],
-                                                 rel=1e-6)
+    assert adv.samples.tolist() == pytest.approx(
+        [norm(1, [1, 2]), norm(2, [1, 2]), norm(3, [3, 5]), norm(5, [3, 5])], rel=1e-6
+    )
     assert torch.equal(adv.edges[~rollout.trainable], torch.zeros(4))
     assert adv.metrics["adv/global_fallback_frac"] == 0.0
 

@@ -41,8 +41,9 @@ def test_random_strategy_is_uniform_per_move_and_resumable() -> None:
     assert all(seq[i] == seq[i + 1] for i in range(0, 40, 2))  # held for τ = 2 iterations
     assert set(seq) <= set(range(6)) and len(set(seq)) > 2
     # each move's start is the seeded draw for that move index
-    expected = [int(torch.randint(0, 6, (1,), generator=torch.Generator().manual_seed(7 * 1_000_003 + m)))
-                for m in range(20)]
+    expected = [
+        int(torch.randint(0, 6, (1,), generator=torch.Generator().manual_seed(7 * 1_000_003 + m))) for m in range(20)
+    ]
     assert seq[::2] == expected
     resumed = WindowScheduler(num_steps=10, window_size=3, shift_interval=2, strategy="random", seed=7)
     resumed.load_state_dict(s.state_dict())
@@ -50,8 +51,15 @@ def test_random_strategy_is_uniform_per_move_and_resumable() -> None:
 
 
 def test_decay_strategy_shortens_interval() -> None:
-    s = WindowScheduler(num_steps=10, window_size=2, shift_interval=4, strategy="decay", stride=1,
-                        decay_rate=math.log(2), decay_offset=1)
+    s = WindowScheduler(
+        num_steps=10,
+        window_size=2,
+        shift_interval=4,
+        strategy="decay",
+        stride=1,
+        decay_rate=math.log(2),
+        decay_offset=1,
+    )
     # τ(start) = max(1, int(4 · 2^-(start-1)+)): 4, 4, 2, 1, 1, 1, 1 (starts 0..6), then roll back
     assert [s.interval() for _ in range(1)] == [4]
     seq = s.sequence(4 + 4 + 2 + 1 + 1 + 1 + 1 + 2)
@@ -95,8 +103,9 @@ def test_window_sampler_counts_ratio_and_schedule(make_sd3_policy) -> None:
 def test_flash_sampler_compresses_after_the_window(make_sd3_policy) -> None:
     policy = make_sd3_policy(lora=LoraSpec(rank=4, alpha=8), guidance_scale=1.0)
     perturb_lora(policy, seed=3)
-    sampler = MixGRPOSampler(num_steps=8, window_size=2, shift_interval=1, window_stride=2, dpm_after_window=True,
-                             compress_ratio=0.4)
+    sampler = MixGRPOSampler(
+        num_steps=8, window_size=2, shift_interval=1, window_stride=2, dpm_after_window=True, compress_ratio=0.4
+    )
     for step, end in enumerate((2, 4, 6)):  # 6 remaining -> 2 steps, 4 -> 1, 2 -> 1
         sampler.begin_step(step, torch.Generator())
         assert sampler.counts(1, 3).rollout_forwards == 3 * (end + max(1, math.floor((8 - end) * 0.4)))

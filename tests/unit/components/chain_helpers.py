@@ -60,8 +60,19 @@ def train_two_iterations(recipe: str, tiny_sd3_dir: Path, out: Path) -> tuple[li
 
     get_host().register_plugin(probe, name="test-weight-probe")
     try:
-        rc = main(["train", "--recipe", recipe, "--model.pretrained", str(tiny_sd3_dir),
-                   "--run.output_dir", str(out), "--run.max_steps", "2"])
+        rc = main(
+            [
+                "train",
+                "--recipe",
+                recipe,
+                "--model.pretrained",
+                str(tiny_sd3_dir),
+                "--run.output_dir",
+                str(out),
+                "--run.max_steps",
+                "2",
+            ]
+        )
     finally:
         reset_host(None)
     assert rc == 0

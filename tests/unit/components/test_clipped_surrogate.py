@@ -290,8 +290,10 @@ def test_loss_normalisation_per_optimizer_step_matches_hand_computation():
         metrics = rule.update(_ctx(_tree_like(parents), sampler, backend, adv))
         assert backend.step_edges == [[0, 1, 2, 3], [4, 5]]
         # minibatch_edges=1 cannot split a parent: minibatches are parent 0, parent 1, parent 2.
-        assert backend.step_losses[0] == [pytest_approx(-float(clipped[:3].sum()) / denoms[0]),
-                                          pytest_approx(-float(clipped[3]) / denoms[0])]
+        assert backend.step_losses[0] == [
+            pytest_approx(-float(clipped[:3].sum()) / denoms[0]),
+            pytest_approx(-float(clipped[3]) / denoms[0]),
+        ]
         assert backend.step_losses[1] == [pytest_approx(-float(clipped[4:].sum()) / denoms[1])]
         # loss/policy is the per-edge mean of each minibatch, whatever the normalisation.
         per_mb = [-float(clipped[:3].mean()), -float(clipped[3]), -float(clipped[4:].mean())]

@@ -68,8 +68,9 @@ def test_global_std_and_multi_reward_modes() -> None:
     centred = torch.tensor([-1.0, 1.0, -2.0, 2.0])
     torch.testing.assert_close(adv.samples, centred / (r.std(unbiased=False) + 1e-8))
 
-    two = RewardScores({"a": torch.tensor([1.0, 3.0, 0.0, 1.0]), "b": torch.tensor([10.0, 0.0, 5.0, 5.0])},
-                       {"a": 2.0, "b": 1.0})
+    two = RewardScores(
+        {"a": torch.tensor([1.0, 3.0, 0.0, 1.0]), "b": torch.tensor([10.0, 0.0, 5.0, 5.0])}, {"a": 2.0, "b": 1.0}
+    )
     by_adv = GroupZScoreAdvantage(mix="advantage").estimate(rollout, two).samples
     z = 1 / torch.tensor([1.0, 3.0]).std()  # z-score magnitude of a pair
     torch.testing.assert_close(by_adv, torch.stack([2 * -z + z, 2 * z - z, 2 * -z + 0, 2 * z + 0]))
