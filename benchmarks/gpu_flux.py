@@ -16,11 +16,13 @@ Sources: ``black-forest-labs/FLUX.1-dev`` ``transformer/config.json``, ``vae/con
 from __future__ import annotations
 
 import importlib
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from gpu_sd35 import SD35_VAE  # benchmarks/ is not a package: gpu_speed.py puts it on sys.path
+
+from rlpost.models.tiny import FLUX1_SCHEDULER_CONFIG, assemble_flux_pipeline, flux_text_encoders, sd3_tokenizers
 
 FLUX1_DEV_TRANSFORMER: dict[str, Any] = {
     # black-forest-labs/FLUX.1-dev, transformer/config.json
@@ -35,32 +37,13 @@ FLUX1_DEV_TRANSFORMER: dict[str, Any] = {
     "guidance_embeds": True,
     "axes_dims_rope": (16, 56, 56),
 }
-FLUX1_VAE: dict[str, Any] = {
-    # black-forest-labs/FLUX.1-dev, vae/config.json
-    "in_channels": 3,
-    "out_channels": 3,
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "latent_channels": 16,
-    "norm_num_groups": 32,
-    "sample_size": 1024,
+FLUX1_VAE: dict[str, Any] = SD35_VAE | {
+    # black-forest-labs/FLUX.1-dev, vae/config.json: SD3.5's VAE architecture with FLUX.1's latent constants
     "scaling_factor": 0.3611,
     "shift_factor": 0.1159,
-    "use_quant_conv": False,
-    "use_post_quant_conv": False,
 }
-FLUX1_SCHEDULER: dict[str, Any] = {
-    # black-forest-labs/FLUX.1-dev, scheduler/scheduler_config.json
-    "base_image_seq_len": 256,
-    "base_shift": 0.5,
-    "max_image_seq_len": 4096,
-    "max_shift": 1.15,
-    "num_train_timesteps": 1000,
-    "shift": 3.0,
-    "use_dynamic_shifting": True,
-}
+FLUX1_SCHEDULER: dict[str, Any] = {"num_train_timesteps": 1000, **FLUX1_SCHEDULER_CONFIG}
+"""black-forest-labs/FLUX.1-dev, scheduler/scheduler_config.json (rlpost/models/tiny.py restates it)."""
 
 
 def build_random_flux1(
@@ -83,8 +66,6 @@ def build_random_flux1(
     if (out_dir / "model_index.json").is_file():
         return out_dir
     diffusers: Any = importlib.import_module("diffusers")
-    transformers: Any = importlib.import_module("transformers")
-    from rlpost.models.tiny import _t5_vocab, write_clip_tokenizer_files
 
     overrides = overrides or {}
     cfg = dict(FLUX1_DEV_TRANSFORMER) | overrides.get("transformer", {})
@@ -92,54 +73,19 @@ def build_random_flux1(
         cfg["num_layers"] = num_layers
     if num_single_layers is not None:
         cfg["num_single_layers"] = num_single_layers
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab = write_clip_tokenizer_files(Path(tmp), 1000)
-        clip_tok = transformers.CLIPTokenizer(
-            vocab=str(Path(tmp) / "vocab.json"), merges=str(Path(tmp) / "merges.txt"), model_max_length=77
-        )
-    t5_tok = transformers.T5Tokenizer(vocab=_t5_vocab(), extra_ids=0, model_max_length=512)
+    clip_tok, vocab, t5_tok = sd3_tokenizers(clip_merges=1000, clip_max_length=77, t5_max_length=512)
     clip_cfg = {"hidden_size": cfg["pooled_projection_dim"], "num_attention_heads": 12} | overrides.get("clip", {})
+    clip_cfg = {"intermediate_size": 4 * clip_cfg["hidden_size"], "num_hidden_layers": 1} | clip_cfg
     t5_cfg = {"d_model": cfg["joint_attention_dim"], "d_kv": 64, "d_ff": 10240, "num_heads": 64} | overrides.get(
         "t5", {}
     )
+    t5_cfg = {"relative_attention_num_buckets": 32} | t5_cfg  # transformers' T5Config default
     torch.manual_seed(0)
     with torch.device(device):
         transformer = diffusers.FluxTransformer2DModel(**cfg).to(torch.bfloat16)
         vae = diffusers.AutoencoderKL(**(FLUX1_VAE | overrides.get("vae", {})))
-        te1 = transformers.CLIPTextModel(
-            transformers.CLIPTextConfig(
-                bos_token_id=vocab - 2,
-                eos_token_id=vocab - 1,
-                pad_token_id=vocab - 1,
-                intermediate_size=4 * clip_cfg["hidden_size"],
-                num_hidden_layers=1,
-                vocab_size=vocab,
-                max_position_embeddings=77,
-                hidden_act="gelu",
-                **clip_cfg,
-            )
-        )
-        te2 = transformers.T5EncoderModel(
-            transformers.T5Config(
-                vocab_size=len(t5_tok),
-                num_layers=1,
-                decoder_start_token_id=0,
-                pad_token_id=0,
-                eos_token_id=1,
-                **t5_cfg,
-            )
-        )
-    for m in (transformer, vae, te1, te2):
-        m.eval()
-    pipe = diffusers.FluxPipeline(
-        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(**FLUX1_SCHEDULER),
-        vae=vae,
-        text_encoder=te1,
-        tokenizer=clip_tok,
-        text_encoder_2=te2,
-        tokenizer_2=t5_tok,
-        transformer=transformer,
-    )
+        te1, te2 = flux_text_encoders(vocab, len(t5_tok), clip_overrides=(clip_cfg, clip_cfg), t5_overrides=t5_cfg)
+    pipe = assemble_flux_pipeline(transformer, vae, (te1, te2), clip_tok, t5_tok, FLUX1_SCHEDULER)
     out_dir.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out_dir))
     return out_dir

@@ -33,7 +33,7 @@ from PIL import Image
 from rlpost.core.context import RunContext
 from rlpost.core.hookspecs import hookimpl
 from rlpost.engine.evaluation import JUDGE, eval_columns, eval_sets, image_dir, metric_key
-from rlpost.ops.images import save_grid
+from rlpost.ops.images import agg_pyplot, save_figure, save_grid
 
 __all__ = [
     "REPORT_DIR",
@@ -155,15 +155,11 @@ def plot_rewards(run_dir: Path, out: Path, title: str | None = None) -> Path | N
     evals = read_jsonl(run_dir / "eval.jsonl")
     if not metrics and not evals:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: never needs a display, safe in worker processes and CI
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        warnings.warn("rlpost report: matplotlib is not installed; skipping the reward plot", UserWarning, stacklevel=2)
+    plt = agg_pyplot("rlpost report: matplotlib is not installed; skipping the reward plot")
+    if plt is None:
         return None
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=110)
     try:
         train_key = "reward/weighted"
@@ -208,9 +204,7 @@ def plot_rewards(run_dir: Path, out: Path, title: str | None = None) -> Path | N
         ax.set_title(title or run_dir.name)
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)
-        fig.tight_layout()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out)
+        save_figure(fig, out)
     finally:
         plt.close(fig)
     return out

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 from rlpost.bench.aggregate import eval_keys, numeric, runs_by_algorithm
+from rlpost.ops.images import agg_pyplot, save_figure
 
 __all__ = ["plot_wallclock"]
 
@@ -14,13 +14,8 @@ __all__ = ["plot_wallclock"]
 def plot_wallclock(result: dict[str, Any], out: Path) -> Path | None:
     """Held-out metrics against accumulated training time: one panel per ``eval/`` metric, one colour per
     algorithm, one line per seed (matplotlib, Agg)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        warnings.warn("rlpost bench: matplotlib is not installed; skipping the plot", UserWarning, stacklevel=2)
+    plt = agg_pyplot("rlpost bench: matplotlib is not installed; skipping the plot")
+    if plt is None:
         return None
     keys = eval_keys(result) or ["eval/"]
     by_algo = runs_by_algorithm(result)
@@ -49,9 +44,7 @@ def plot_wallclock(result: dict[str, Any], out: Path) -> Path | None:
             ax.grid(alpha=0.3)
             ax.legend(loc="best", fontsize=7)
         axes[0, 0].set_title("rlpost bench: held-out metrics vs wall clock (one line per seed)")
-        fig.tight_layout()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out)
+        save_figure(fig, out)
     finally:
         plt.close(fig)
     return out

@@ -39,7 +39,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -754,12 +754,7 @@ def _validate_eval(
         problems.append("eval.rewards: expected a non-empty list of reward sources")
         rewards_raw = []
     rewards: list[RewardSource] = []
-    resolved["rewards"] = []
-    for i, item in enumerate(rewards_raw):
-        rv = _resolve_component(item, f"eval.rewards[{i}]", "reward", host, problems)
-        if rv is None:
-            continue
-        resolved["rewards"].append(rv)
+    for i, rv in _resolve_eval_rewards(rewards_raw, "rewards", host, problems, resolved):
         # The same configuration as a training reward shares its instance (its weights load once).
         shared = [r for r, c in zip(built.get("rewards", []), train_rewards, strict=False) if c == rv]
         if shared:
@@ -846,6 +841,19 @@ def _validate_eval_sets(
     return sets if len(sets) == len(raw) else None
 
 
+def _resolve_eval_rewards(
+    raw: list[Any], key: str, host: Registries, problems: list[str], resolved: dict[str, Any]
+) -> Iterator[tuple[int, Any]]:
+    """Resolve each entry of ``eval.<key>`` as a reward component (problems name ``eval.<key>[i]``), record it in
+    ``resolved[key]``, and yield ``(i, resolved entry)`` for those that resolve."""
+    resolved[key] = []
+    for i, item in enumerate(raw):
+        value = _resolve_component(item, f"eval.{key}[{i}]", "reward", host, problems)
+        if value is not None:
+            resolved[key].append(value)
+            yield i, value
+
+
 def _validate_judges(
     value: dict[str, Any],
     built: dict[str, Any],
@@ -863,12 +871,7 @@ def _validate_judges(
         return []
     train_names = [r.name for r in built.get("rewards") or []]
     judges: list[RewardSource] = []
-    resolved["judges"] = []
-    for i, item in enumerate(raw):
-        jv = _resolve_component(item, f"eval.judges[{i}]", "reward", host, problems)
-        if jv is None:
-            continue
-        resolved["judges"].append(jv)
+    for i, jv in _resolve_eval_rewards(raw, "judges", host, problems, resolved):
         got = _check_named("rewards", f"eval.judges[{i}]", list[RewardSource], [jv], problems)
         if not got:
             continue

@@ -1,31 +1,44 @@
 """Model-agnostic helpers for diffusers-backed policy adapters (SD3, FLUX.1; docs/models.md "Adding a model family").
 
-Kept as functions and small classes (composition, not a base class) so a new adapter reuses them without inheriting
-behaviour it cannot see: model-directory checks with clear errors, the dtype policy, the LoRA spec, and a per-prompt
-encoding cache.
+Functions and small classes (model-directory checks with clear errors, the dtype policy, the LoRA spec, a per-prompt
+encoding cache) plus :class:`DiffusersTransformerPolicy`, the base of adapters whose trainable part is one diffusers
+transformer: loading, freezing, LoRA / full fine-tuning, the frozen reference, VAE decoding and checkpoint state are
+the same for every such family, so an adapter writes only what is its own (prompt encoding, the transformer call, the
+latent layout and the time grid).
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from rlpost.core.api import Policy
+from rlpost.models.tiny import parse_tiny_id
+from rlpost.ops.schedules import TIME_GRIDS, TimeGrid
 
 __all__ = [
     "SD3_LORA_TARGETS",
     "DTypeName",
+    "DiffusersTransformerPolicy",
     "LoraSpec",
     "ModelDirError",
     "PromptCache",
     "cached_snapshot",
     "check_pipeline_dir",
     "is_local_path",
+    "quiet_hf_progress_bars",
     "resolution_problems",
     "resolve_dtype",
 ]
@@ -239,3 +252,304 @@ class PromptCache:
             raise ValueError("encode() needs at least one prompt")
         keys = self._rows[prompts[0]].keys()
         return {k: torch.cat([self._rows[p][k] for p in prompts], dim=0) for k in keys}
+
+
+def quiet_hf_progress_bars() -> None:
+    """Loading bars from diffusers/transformers would interleave with rlpost's own progress display."""
+    import diffusers.utils.logging as dlog
+    import transformers.utils.logging as tlog
+
+    dlog.disable_progress_bar()
+    tlog.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+class DiffusersTransformerPolicy(Policy):
+    """A :class:`~rlpost.core.api.Policy` over a diffusers pipeline whose one trainable module is ``pipe.transformer``.
+
+    Subclasses (``SD3Policy``, ``FluxPolicy``) set the class attributes below and implement :meth:`_build_tiny`,
+    :meth:`setup` (calling :meth:`_load_pipeline` then :meth:`_prepare`), ``sigmas``, ``encode`` and ``velocity``
+    (taking the denoiser from :meth:`_active_transformer` so :meth:`reference` works). The constructor arguments are
+    documented on each subclass.
+    """
+
+    pipeline_class: ClassVar[str] = ""
+    """Name of the diffusers pipeline class (``diffusers.<name>``) loaded with ``from_pretrained``."""
+    required_components: ClassVar[tuple[str, ...]] = ()
+    """``model_index.json`` entries a local pipeline directory must have (:func:`check_pipeline_dir`)."""
+    weighted_components: ClassVar[tuple[str, ...]] = ()
+    """Components that must hold a config and weights; also the modules frozen in eval mode after loading."""
+
+    def __init__(
+        self,
+        pretrained: str,
+        dtype: DTypeName,
+        resolution: int,
+        guidance_scale: float,
+        lora: LoraSpec | None,
+        full_finetune: bool,
+        gradient_checkpointing: bool,
+        reference: bool,
+        max_sequence_length: int,
+        local_files_only: bool,
+        time_grid: TimeGrid,
+        shift: float | None,
+    ) -> None:
+        if lora is not None and full_finetune:
+            raise ValueError(f"{type(self).__name__}: choose either lora or full_finetune, not both")
+        self.pretrained = pretrained
+        self.dtype_name: DTypeName = dtype
+        self.resolution = int(resolution)
+        self.guidance_scale = float(guidance_scale)
+        self.lora = lora
+        self.full_finetune = bool(full_finetune)
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        self.use_reference = bool(reference)
+        self.max_sequence_length = int(max_sequence_length)
+        self.local_files_only = bool(local_files_only)
+        self.time_grid: TimeGrid = time_grid
+        self.shift = None if shift is None else float(shift)
+        self.forward_count: int = 0
+        """Transformer evaluations in batch rows (before any CFG doubling), summed over ``velocity`` calls."""
+        self._pipe: Any = None  # the diffusers pipeline (untyped for mypy)
+        self._device = torch.device("cpu")
+        self._dtype = torch.float32
+        self._ref_transformer: nn.Module | None = None
+        self._use_ref = False
+        self._cache = PromptCache()
+
+    # ------------------------------------------------------------------------------------------------ set-up
+
+    @abstractmethod
+    def _build_tiny(self, seed: int) -> Path:
+        """Build (once, into the cache) the tiny random-weight pipeline for ``tiny-random[:SEED]`` and return its
+        directory (see ``rlpost/models/tiny.py``)."""
+
+    def _setting_problems(self) -> list[str]:
+        """Range problems of the settings every family shares, each naming its recipe field."""
+        problems: list[str] = []
+        if self.resolution <= 0:
+            problems.append(f"model.init_args.resolution: must be positive, got {self.resolution}")
+        if self.max_sequence_length < 1:
+            problems.append(f"model.init_args.max_sequence_length: must be >= 1, got {self.max_sequence_length}")
+        if self.lora is not None:
+            problems.extend(self.lora.problems("model.init_args.lora"))
+        if self.time_grid not in TIME_GRIDS:
+            problems.append(f"model.init_args.time_grid: must be one of {list(TIME_GRIDS)}, got {self.time_grid!r}")
+        if self.shift is not None and not self.shift > 0:
+            problems.append(f"model.init_args.shift: must be > 0 (or null for the scheduler's), got {self.shift}")
+        return problems
+
+    def _pretrained_dir(self) -> Path | None:
+        """The checked local pipeline directory ``validate`` can read configs from, without loading weights.
+
+        Returns:
+            The directory (local, or a hub id's snapshot in the local cache); ``None`` for a ``tiny-random`` id
+            (built on first use from known configs) or a hub id ``setup`` may still download.
+
+        Raises:
+            ValueError: A malformed ``tiny-random`` id.
+            ModelDirError: The directory is missing or malformed (the message names what is missing).
+        """
+        if parse_tiny_id(self.pretrained) is not None:
+            return None
+        if is_local_path(self.pretrained):
+            directory = Path(self.pretrained).expanduser()
+        elif self.local_files_only:
+            directory = cached_snapshot(self.pretrained)
+        else:
+            return None
+        check_pipeline_dir(directory, self.required_components, self.weighted_components)
+        return directory
+
+    def _load_pipeline(self, device: torch.device) -> Any:
+        """Set the device and weight dtype and load the pipeline (not yet moved to ``device``).
+
+        Raises:
+            ModelDirError: The local directory is missing or malformed (the message names what is missing).
+            OSError: diffusers could not load the model (wrapped with the path or hub id).
+        """
+        import diffusers
+
+        device = torch.device(device)
+        self._device = device
+        self._dtype = resolve_dtype(self.dtype_name, device)
+        source = self.pretrained
+        tiny = parse_tiny_id(source)
+        if tiny is not None:
+            # A random-weight model of the real architecture, built once into the cache and then loaded through the
+            # same from_pretrained path as the released weights (for CPU runs and tests).
+            source = str(self._build_tiny(tiny))
+        elif is_local_path(source):
+            check_pipeline_dir(Path(source), self.required_components, self.weighted_components)
+            source = str(Path(source).expanduser())
+        quiet_hf_progress_bars()
+        try:
+            with warnings.catch_warnings():
+                # diffusers >= 0.37 renamed torch_dtype to dtype; the old name still works across our range.
+                warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
+                return getattr(diffusers, self.pipeline_class).from_pretrained(
+                    source, torch_dtype=self._dtype, local_files_only=self.local_files_only
+                )
+        except Exception as e:  # diffusers raises OSError/ValueError/EnvironmentError with terse messages
+            where = "local directory" if is_local_path(self.pretrained) else "hub id (local cache only)"
+            raise OSError(
+                f"{type(self).__name__}: could not load {where} {self.pretrained!r}: {type(e).__name__}: {e}"
+            ) from e
+
+    def _prepare(self, pipe: Any, factor: int, factor_meaning: str) -> None:
+        """Move ``pipe`` to the device, freeze everything but the transformer, check that the resolution is a multiple
+        of ``factor`` (``factor_meaning`` says why), and set up LoRA / full fine-tuning / the frozen reference."""
+        pipe.to(self._device)
+        pipe.set_progress_bar_config(disable=True)
+        for name in ("transformer", *self.weighted_components):
+            module = getattr(pipe, name, None)
+            if module is not None:
+                module.eval()  # inference-mode encoders/VAE; train() below only toggles the transformer
+                module.requires_grad_(False)
+        if self.resolution % factor:
+            raise ValueError(f"resolution {self.resolution} must be a multiple of {factor} ({factor_meaning})")
+        transformer = pipe.transformer
+        if self.lora is not None:
+            transformer.add_adapter(self.lora.to_peft())
+            for p in transformer.parameters():
+                if p.requires_grad:
+                    # Trainable adapter weights in fp32 even with bf16 weights (diffusers' cast_training_params).
+                    p.data = p.data.float()
+        elif self.full_finetune:
+            if self.use_reference:
+                self._ref_transformer = copy.deepcopy(transformer).requires_grad_(False).eval()
+            transformer.requires_grad_(True)
+        if self.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        self._pipe = pipe
+        self._cache.clear()
+
+    @property
+    def pipe(self) -> Any:
+        """The loaded diffusers pipeline."""
+        if self._pipe is None:
+            raise RuntimeError(f"{type(self).__name__}.setup(device) has not been called")
+        return self._pipe
+
+    @property
+    def transformer(self) -> Any:
+        """The (trainable) diffusers transformer, ``pipe.transformer``."""
+        return self.pipe.transformer
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """dtype of the loaded weights."""
+        return self._dtype
+
+    @property
+    @abstractmethod
+    def latent_shape(self) -> tuple[int, int, int]:
+        """``(C, H/f, W/f)`` of one image-shaped latent."""
+
+    # ------------------------------------------------------------------------------------------------ policy
+
+    def initial_noise(self, num: int, generator: torch.Generator) -> Tensor:
+        """``[num, C, H/f, W/f]`` fp32 noise drawn on the generator's device in the image-shaped latent layout, as the
+        pipelines' ``prepare_latents`` (diffusers ``randn_tensor``) do, so the same generator gives their noise."""
+        noise = torch.randn((num, *self.latent_shape), generator=generator, device=generator.device)
+        return noise.to(self.device, torch.float32)
+
+    def _active_transformer(self) -> Any:
+        """The denoiser ``velocity`` calls: the frozen copy inside :meth:`reference` under full fine-tuning."""
+        return self._ref_transformer if (self._use_ref and self._ref_transformer is not None) else self.transformer
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> Tensor:
+        """VAE-decode clean latents (``x / scaling_factor + shift_factor``) to ``[B, H, W, 3]`` uint8 on the device."""
+        vae = self.pipe.vae
+        x = latents.to(self.device, torch.float32) / vae.config.scaling_factor + vae.config.shift_factor
+        img: Tensor = vae.decode(x.to(vae.dtype), return_dict=False)[0].float()
+        # diffusers VaeImageProcessor.postprocess: [-1, 1] -> [0, 1], then numpy_to_pil's round(x*255).
+        img = (img / 2 + 0.5).clamp(0, 1)
+        return (img * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """LoRA adapter parameters, or every transformer parameter under full fine-tuning; empty when frozen."""
+        if self.lora is None and not self.full_finetune:
+            return []
+        return [p for p in self.transformer.parameters() if p.requires_grad]
+
+    @contextmanager
+    def _reference_ctx(self) -> Iterator[None]:
+        if self.lora is not None:
+            self.transformer.disable_adapters()
+            try:
+                yield
+            finally:
+                self.transformer.enable_adapters()
+        else:
+            self._use_ref = True
+            try:
+                yield
+            finally:
+                self._use_ref = False
+
+    def reference(self) -> Any:
+        """Context in which ``velocity`` uses the frozen reference (LoRA disabled, or the frozen copy).
+
+        Raises:
+            NotImplementedError: Full fine-tuning without ``reference=True``.
+        """
+        if self.lora is not None or self._ref_transformer is not None:
+            return self._reference_ctx()
+        if not self.full_finetune:
+            return nullcontext()  # a frozen policy is its own reference
+        raise NotImplementedError(
+            f"{type(self).__name__}: full fine-tuning needs reference=True to keep a frozen reference copy"
+        )
+
+    def train(self, mode: bool = True) -> None:
+        """Train/eval mode of the transformer only (text encoders and VAE stay in eval: no dropout)."""
+        self.transformer.train(mode)
+
+    # ------------------------------------------------------------------------------------------------- LoRA
+
+    def save_lora(self, directory: str | Path) -> Path:
+        """Write the adapter as diffusers-loadable ``pytorch_lora_weights.safetensors`` in ``directory``.
+
+        Load it with ``<pipeline_class>.from_pretrained(...).load_lora_weights(directory)``.
+        """
+        import diffusers
+        from peft.utils import get_peft_model_state_dict
+
+        if self.lora is None:
+            raise RuntimeError(f"{type(self).__name__}.save_lora: the policy has no LoRA adapter")
+        pipeline_cls: Any = getattr(diffusers, self.pipeline_class)
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        layers = get_peft_model_state_dict(self.transformer)
+        kwargs: dict[str, Any] = {}
+        if "transformer_lora_adapter_metadata" in inspect.signature(pipeline_cls.save_lora_weights).parameters:
+            # Store the LoRA config (alpha, rank, targets) so load_lora_weights restores the alpha/rank scaling;
+            # without it diffusers assumes alpha == rank.
+            kwargs["transformer_lora_adapter_metadata"] = self.transformer.peft_config["default"].to_dict()
+        pipeline_cls.save_lora_weights(str(directory), transformer_lora_layers=layers, **kwargs)
+        return directory
+
+    def state_dict(self) -> dict[str, Any]:
+        """Trainable weights only (LoRA adapter state, or the full transformer), for checkpoints."""
+        if self.lora is not None:
+            from peft.utils import get_peft_model_state_dict
+
+            return {"lora": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(self.transformer).items()}}
+        if self.full_finetune:
+            return {"transformer": {k: v.detach().cpu() for k, v in self.transformer.state_dict().items()}}
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (after ``setup``)."""
+        if "lora" in state:
+            from peft.utils import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.transformer, state["lora"])
+        if "transformer" in state:
+            self.transformer.load_state_dict(state["transformer"])

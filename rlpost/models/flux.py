@@ -16,40 +16,24 @@ packing); the test suite checks this on a tiny model.
 
 from __future__ import annotations
 
-import copy
-import inspect
 import json
 import math
-import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from rlpost.core.api import Conditioning, Policy
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
-from rlpost.models._common import (
-    DTypeName,
-    LoraSpec,
-    ModelDirError,
-    PromptCache,
-    cached_snapshot,
-    check_pipeline_dir,
-    is_local_path,
-    resolve_dtype,
-)
+from rlpost.models._common import DiffusersTransformerPolicy, DTypeName, LoraSpec, ModelDirError
 from rlpost.models.tiny import ensure_tiny_flux, parse_tiny_id
-from rlpost.ops.schedules import TIME_GRIDS, TimeGrid, shifted_linspace_sigmas, timesteps_from_sigmas
+from rlpost.ops.schedules import TimeGrid, shifted_linspace_sigmas, timesteps_from_sigmas
 
 __all__ = ["FluxPolicy", "flux_mu", "flux_sigmas", "pack_latents", "rlpost_register_models", "unpack_latents"]
-
-_FLUX_REQUIRED = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
-_FLUX_WEIGHTED = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
 
 def pack_latents(latents: Tensor) -> Tensor:
@@ -96,7 +80,7 @@ def flux_sigmas(num_steps: int, mu: float, scheduler_config: Any) -> Tensor:
     return sigmas
 
 
-class FluxPolicy(Policy):
+class FluxPolicy(DiffusersTransformerPolicy):
     """FLUX.1 (rectified-flow MMDiT with packed latents) loaded with ``FluxPipeline.from_pretrained``.
 
     Args:
@@ -124,6 +108,17 @@ class FluxPolicy(Policy):
     """
 
     name: ClassVar[str] = "flux"
+    pipeline_class: ClassVar[str] = "FluxPipeline"
+    required_components: ClassVar[tuple[str, ...]] = (
+        "transformer",
+        "vae",
+        "scheduler",
+        "text_encoder",
+        "tokenizer",
+        "text_encoder_2",
+        "tokenizer_2",
+    )
+    weighted_components: ClassVar[tuple[str, ...]] = ("transformer", "vae", "text_encoder", "text_encoder_2")
 
     def __init__(
         self,
@@ -140,28 +135,20 @@ class FluxPolicy(Policy):
         time_grid: TimeGrid = "diffusers",
         shift: float | None = None,
     ) -> None:
-        if lora is not None and full_finetune:
-            raise ValueError("FluxPolicy: choose either lora or full_finetune, not both")
-        self.pretrained = pretrained
-        self.dtype_name: DTypeName = dtype
-        self.resolution = int(resolution)
-        self.guidance_scale = float(guidance_scale)
-        self.lora = lora
-        self.full_finetune = bool(full_finetune)
-        self.gradient_checkpointing = bool(gradient_checkpointing)
-        self.use_reference = bool(reference)
-        self.max_sequence_length = int(max_sequence_length)
-        self.local_files_only = bool(local_files_only)
-        self.time_grid: TimeGrid = time_grid
-        self.shift = None if shift is None else float(shift)
-        self.forward_count: int = 0
-        """Transformer evaluations in batch rows, summed over :meth:`velocity` calls."""
-        self._pipe: Any = None  # FluxPipeline (untyped for mypy)
-        self._device = torch.device("cpu")
-        self._dtype = torch.float32
-        self._ref_transformer: nn.Module | None = None
-        self._use_ref = False
-        self._cache = PromptCache()
+        super().__init__(
+            pretrained,
+            dtype=dtype,
+            resolution=resolution,
+            guidance_scale=guidance_scale,
+            lora=lora,
+            full_finetune=full_finetune,
+            gradient_checkpointing=gradient_checkpointing,
+            reference=reference,
+            max_sequence_length=max_sequence_length,
+            local_files_only=local_files_only,
+            time_grid=time_grid,
+            shift=shift,
+        )
         self._img_ids: Tensor | None = None
         self._sigmas: dict[int, Tensor] = {}
 
@@ -174,41 +161,22 @@ class FluxPolicy(Policy):
     def validate(self, recipe: Any) -> list[str]:
         """Check the settings, the model directory (local, or a hub id's snapshot in the local cache) and that the
         resolution fits the VAE and the 2x2 packing, without loading weights."""
-        problems: list[str] = []
-        if self.resolution <= 0:
-            problems.append(f"model.init_args.resolution: must be positive, got {self.resolution}")
+        problems = self._setting_problems()
         if not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
             problems.append(f"model.init_args.guidance_scale: must be a finite number >= 0, got {self.guidance_scale}")
-        if self.max_sequence_length < 1:
-            problems.append(f"model.init_args.max_sequence_length: must be >= 1, got {self.max_sequence_length}")
-        if self.lora is not None:
-            problems.extend(self.lora.problems("model.init_args.lora"))
-        if self.time_grid not in TIME_GRIDS:
-            problems.append(f"model.init_args.time_grid: must be one of {list(TIME_GRIDS)}, got {self.time_grid!r}")
-        if self.shift is not None:
-            if not self.shift > 0:
-                problems.append(f"model.init_args.shift: must be > 0 (or null for the scheduler's), got {self.shift}")
-            elif self.time_grid == "diffusers":
-                problems.append(
-                    "model.init_args.shift: the 'diffusers' FLUX grid shifts by e^mu from the resolution; set "
-                    "shift only with time_grid 'shifted-linspace' (or leave it null)"
-                )
+        if self.shift is not None and self.shift > 0 and self.time_grid == "diffusers":
+            problems.append(
+                "model.init_args.shift: the 'diffusers' FLUX grid shifts by e^mu from the resolution; set "
+                "shift only with time_grid 'shifted-linspace' (or leave it null)"
+            )
         try:
-            tiny = parse_tiny_id(self.pretrained)
-        except ValueError as e:
+            directory = self._pretrained_dir()
+        except (ValueError, ModelDirError) as e:
             return [*problems, f"model.init_args.pretrained: {e}"]
-        if tiny is not None:
-            return problems + self._resolution_problems(2)  # the tiny FLUX has VAE factor 2 (rlpost/models/tiny.py)
-        try:
-            if is_local_path(self.pretrained):
-                directory = Path(self.pretrained).expanduser()
-            elif self.local_files_only:
-                directory = cached_snapshot(self.pretrained)
-            else:
-                return problems
-            check_pipeline_dir(directory, _FLUX_REQUIRED, _FLUX_WEIGHTED)
-        except ModelDirError as e:
-            return [*problems, f"model.init_args.pretrained: {e}"]
+        if directory is None:
+            if parse_tiny_id(self.pretrained) is not None:
+                return problems + self._resolution_problems(2)  # the tiny FLUX has VAE factor 2 (models/tiny.py)
+            return problems  # a hub id setup() may download: nothing local to check
         try:
             vae = json.loads((directory / "vae" / "config.json").read_text(encoding="utf-8"))
             vae_factor = 2 ** (len(vae["block_out_channels"]) - 1)
@@ -231,86 +199,20 @@ class FluxPolicy(Policy):
         Raises:
             ModelDirError: The local directory is missing or malformed (the message names what is missing).
             OSError: diffusers could not load the model (wrapped with the path or hub id).
+            ValueError: The resolution does not fit the VAE and the 2x2 packing.
         """
-        from diffusers import FluxPipeline
-
-        device = torch.device(device)
-        self._device = device
-        self._dtype = resolve_dtype(self.dtype_name, device)
-        source = self.pretrained
-        tiny = parse_tiny_id(source)
-        if tiny is not None:
-            source = str(ensure_tiny_flux(tiny))
-        elif is_local_path(source):
-            check_pipeline_dir(Path(source), _FLUX_REQUIRED, _FLUX_WEIGHTED)
-            source = str(Path(source).expanduser())
-        _quiet_hf_progress_bars()
-        try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
-                pipe: Any = FluxPipeline.from_pretrained(  # type: ignore[no-untyped-call]
-                    source, torch_dtype=self._dtype, local_files_only=self.local_files_only
-                )
-        except Exception as e:  # diffusers raises OSError/ValueError/EnvironmentError with terse messages
-            where = "local directory" if is_local_path(self.pretrained) else "hub id (local cache only)"
-            raise OSError(f"FluxPolicy: could not load {where} {self.pretrained!r}: {type(e).__name__}: {e}") from e
-        pipe.to(device)
-        pipe.set_progress_bar_config(disable=True)
-        for module in self._modules(pipe):
-            module.eval()  # inference-mode encoders/VAE; train() below only toggles the transformer
-            module.requires_grad_(False)
-        factor = pipe.vae_scale_factor * 2
-        if self.resolution % factor:
-            raise ValueError(
-                f"resolution {self.resolution} must be a multiple of {factor} (VAE factor x 2x2 latent packing)"
-            )
-        transformer = pipe.transformer
-        if self.lora is not None:
-            transformer.add_adapter(self.lora.to_peft())
-            for p in transformer.parameters():
-                if p.requires_grad:
-                    p.data = p.data.float()  # trainable adapter weights in fp32 (diffusers' cast_training_params)
-        elif self.full_finetune:
-            if self.use_reference:
-                self._ref_transformer = copy.deepcopy(transformer).requires_grad_(False).eval()
-            transformer.requires_grad_(True)
-        if self.gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        self._pipe = pipe
+        pipe = self._load_pipeline(device)
+        self._prepare(pipe, pipe.vae_scale_factor * 2, "VAE factor x 2x2 latent packing")
         h, w = self.latent_shape[1:]
         # FluxPipeline._prepare_latent_image_ids: (0, row, col) per 2x2 token, in the transformer's dtype.
         ids = torch.zeros(h // 2, w // 2, 3)
         ids[..., 1] += torch.arange(h // 2)[:, None]
         ids[..., 2] += torch.arange(w // 2)[None, :]
-        self._img_ids = ids.reshape(-1, 3).to(device, self._dtype)
-        self._cache.clear()
+        self._img_ids = ids.reshape(-1, 3).to(self.device, self._dtype)
         self._sigmas.clear()
 
-    @staticmethod
-    def _modules(pipe: Any) -> list[nn.Module]:
-        names = ("transformer", "vae", "text_encoder", "text_encoder_2")
-        return [m for m in (getattr(pipe, n, None) for n in names) if m is not None]
-
-    @property
-    def pipe(self) -> Any:
-        """The loaded diffusers pipeline."""
-        if self._pipe is None:
-            raise RuntimeError("FluxPolicy.setup(device) has not been called")
-        return self._pipe
-
-    @property
-    def transformer(self) -> Any:
-        """The (trainable) ``FluxTransformer2DModel``."""
-        return self.pipe.transformer
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def weight_dtype(self) -> torch.dtype:
-        """dtype of the loaded weights."""
-        return self._dtype
+    def _build_tiny(self, seed: int) -> Path:
+        return ensure_tiny_flux(seed)
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:
@@ -342,12 +244,6 @@ class FluxPolicy(Policy):
             return self._sigmas[num_steps].to(self.device, copy=True)
         shift = float(cfg.shift) if self.shift is None else self.shift
         return shifted_linspace_sigmas(num_steps, shift).to(self.device)
-
-    def initial_noise(self, num: int, generator: torch.Generator) -> Tensor:
-        """``[num, C, H/f, W/f]`` fp32 noise, drawn in the unpacked shape as ``FluxPipeline.prepare_latents`` does
-        (so the same generator gives the pipeline's noise, before packing)."""
-        noise = torch.randn((num, *self.latent_shape), generator=generator, device=generator.device)
-        return noise.to(self.device, torch.float32)
 
     def encode(self, prompts: Sequence[str]) -> Conditioning:
         """Encode prompts with the pipeline's ``encode_prompt`` (CLIP pooled + T5), cached per prompt string.
@@ -389,9 +285,7 @@ class FluxPolicy(Policy):
         tokens = pack_latents(latents.to(self.device, self._dtype))
         # FluxPipeline: t = 1000·σ (fp32), cast to the latents' dtype, then divided by 1000.
         timestep = timesteps_from_sigmas(sigma).to(self._dtype) / 1000
-        transformer: Any = (
-            self._ref_transformer if (self._use_ref and self._ref_transformer is not None) else self.transformer
-        )
+        transformer = self._active_transformer()
         guidance = None
         if transformer.config.guidance_embeds:
             guidance = torch.full((b,), self.guidance_scale, device=self.device, dtype=torch.float32)
@@ -409,102 +303,6 @@ class FluxPolicy(Policy):
         )[0]
         self.forward_count += b
         return unpack_latents(out, h, w).float()
-
-    @torch.no_grad()
-    def decode(self, latents: Tensor) -> Tensor:
-        """VAE-decode clean latents (``x / scaling_factor + shift_factor``) to ``[B, H, W, 3]`` uint8 on the device."""
-        vae = self.pipe.vae
-        x = latents.to(self.device, torch.float32) / vae.config.scaling_factor + vae.config.shift_factor
-        img: Tensor = vae.decode(x.to(vae.dtype), return_dict=False)[0].float()
-        img = (img / 2 + 0.5).clamp(0, 1)  # VaeImageProcessor.postprocess, then numpy_to_pil's round(x*255)
-        return (img * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        """LoRA adapter parameters, or every transformer parameter under full fine-tuning; empty when frozen."""
-        if self.lora is None and not self.full_finetune:
-            return []
-        return [p for p in self.transformer.parameters() if p.requires_grad]
-
-    @contextmanager
-    def _reference_ctx(self) -> Iterator[None]:
-        if self.lora is not None:
-            self.transformer.disable_adapters()
-            try:
-                yield
-            finally:
-                self.transformer.enable_adapters()
-        else:
-            self._use_ref = True
-            try:
-                yield
-            finally:
-                self._use_ref = False
-
-    def reference(self) -> Any:
-        """Context in which :meth:`velocity` uses the frozen reference (LoRA disabled, or the frozen copy).
-
-        Raises:
-            NotImplementedError: Full fine-tuning without ``reference=True``.
-        """
-        if self.lora is not None or self._ref_transformer is not None:
-            return self._reference_ctx()
-        if not self.full_finetune:
-            return nullcontext()  # a frozen policy is its own reference
-        raise NotImplementedError("FluxPolicy: full fine-tuning needs reference=True to keep a frozen reference copy")
-
-    def train(self, mode: bool = True) -> None:
-        """Train/eval mode of the transformer only (text encoders and VAE stay in eval: no dropout)."""
-        self.transformer.train(mode)
-
-    # ------------------------------------------------------------------------------------------------- LoRA
-
-    def save_lora(self, directory: str | Path) -> Path:
-        """Write the adapter as diffusers-loadable ``pytorch_lora_weights.safetensors`` in ``directory``.
-
-        Load it with ``FluxPipeline.from_pretrained(...).load_lora_weights(directory)``.
-        """
-        from diffusers import FluxPipeline
-        from peft.utils import get_peft_model_state_dict
-
-        if self.lora is None:
-            raise RuntimeError("FluxPolicy.save_lora: the policy has no LoRA adapter")
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        layers = get_peft_model_state_dict(self.transformer)
-        kwargs: dict[str, Any] = {}
-        if "transformer_lora_adapter_metadata" in inspect.signature(FluxPipeline.save_lora_weights).parameters:
-            # The LoRA config (alpha, rank, targets), so load_lora_weights restores alpha/rank instead of assuming 1.
-            kwargs["transformer_lora_adapter_metadata"] = self.transformer.peft_config["default"].to_dict()
-        FluxPipeline.save_lora_weights(str(directory), transformer_lora_layers=layers, **kwargs)
-        return directory
-
-    def state_dict(self) -> dict[str, Any]:
-        """Trainable weights only (LoRA adapter state, or the full transformer), for checkpoints."""
-        if self.lora is not None:
-            from peft.utils import get_peft_model_state_dict
-
-            return {"lora": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(self.transformer).items()}}
-        if self.full_finetune:
-            return {"transformer": {k: v.detach().cpu() for k, v in self.transformer.state_dict().items()}}
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (after :meth:`setup`)."""
-        if "lora" in state:
-            from peft.utils import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.transformer, state["lora"])
-        if "transformer" in state:
-            self.transformer.load_state_dict(state["transformer"])
-
-
-def _quiet_hf_progress_bars() -> None:
-    """Loading bars from diffusers/transformers would interleave with rlpost's own progress display."""
-    import diffusers.utils.logging as dlog
-    import transformers.utils.logging as tlog
-
-    dlog.disable_progress_bar()
-    tlog.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 @hookimpl

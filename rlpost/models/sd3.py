@@ -12,42 +12,25 @@ With the Euler ODE kernel and the default ``time_grid="diffusers"``, sampling th
 
 from __future__ import annotations
 
-import copy
-import inspect
 import math
-import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from rlpost.core.api import Conditioning, Policy
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
-from rlpost.models._common import (
-    DTypeName,
-    LoraSpec,
-    ModelDirError,
-    PromptCache,
-    cached_snapshot,
-    check_pipeline_dir,
-    is_local_path,
-    resolution_problems,
-    resolve_dtype,
-)
-from rlpost.models.tiny import ensure_tiny_sd3, parse_tiny_id
+from rlpost.models._common import DiffusersTransformerPolicy, DTypeName, LoraSpec, ModelDirError, resolution_problems
+from rlpost.models.tiny import ensure_tiny_sd3
 from rlpost.ops.schedules import TIME_GRIDS, TimeGrid, clean_tail_steps, time_grid_sigmas, timesteps_from_sigmas
 
 __all__ = ["LoraSpec", "SD3Policy", "rlpost_register_models"]
 
-_SD3_REQUIRED = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
-_SD3_WEIGHTED = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
 
-
-class SD3Policy(Policy):
+class SD3Policy(DiffusersTransformerPolicy):
     """Stable Diffusion 3/3.5 (MMDiT, rectified flow) loaded with ``StableDiffusion3Pipeline.from_pretrained``.
 
     Args:
@@ -72,6 +55,23 @@ class SD3Policy(Policy):
     """
 
     name: ClassVar[str] = "sd3"
+    pipeline_class: ClassVar[str] = "StableDiffusion3Pipeline"
+    required_components: ClassVar[tuple[str, ...]] = (
+        "transformer",
+        "vae",
+        "scheduler",
+        "text_encoder",
+        "tokenizer",
+        "text_encoder_2",
+        "tokenizer_2",
+    )
+    weighted_components: ClassVar[tuple[str, ...]] = (
+        "transformer",
+        "vae",
+        "text_encoder",
+        "text_encoder_2",
+        "text_encoder_3",
+    )
 
     def __init__(
         self,
@@ -89,29 +89,21 @@ class SD3Policy(Policy):
         time_grid: TimeGrid = "diffusers",
         shift: float | None = None,
     ) -> None:
-        if lora is not None and full_finetune:
-            raise ValueError("SD3Policy: choose either lora or full_finetune, not both")
-        self.pretrained = pretrained
-        self.dtype_name: DTypeName = dtype
-        self.resolution = int(resolution)
-        self.guidance_scale = float(guidance_scale)
+        super().__init__(
+            pretrained,
+            dtype=dtype,
+            resolution=resolution,
+            guidance_scale=guidance_scale,
+            lora=lora,
+            full_finetune=full_finetune,
+            gradient_checkpointing=gradient_checkpointing,
+            reference=reference,
+            max_sequence_length=max_sequence_length,
+            local_files_only=local_files_only,
+            time_grid=time_grid,
+            shift=shift,
+        )
         self.negative_prompt = negative_prompt
-        self.lora = lora
-        self.full_finetune = bool(full_finetune)
-        self.gradient_checkpointing = bool(gradient_checkpointing)
-        self.use_reference = bool(reference)
-        self.max_sequence_length = int(max_sequence_length)
-        self.local_files_only = bool(local_files_only)
-        self.time_grid: TimeGrid = time_grid
-        self.shift = None if shift is None else float(shift)
-        self.forward_count: int = 0
-        """Transformer evaluations in batch rows (before CFG doubling), summed over :meth:`velocity` calls."""
-        self._pipe: Any = None  # StableDiffusion3Pipeline (untyped for mypy)
-        self._device = torch.device("cpu")
-        self._dtype = torch.float32
-        self._ref_transformer: nn.Module | None = None
-        self._use_ref = False
-        self._cache = PromptCache()
 
     # ------------------------------------------------------------------------------------------------ set-up
 
@@ -128,35 +120,15 @@ class SD3Policy(Policy):
     def validate(self, recipe: Any) -> list[str]:
         """Check the settings, the model directory (local, or a hub id's snapshot in the local cache) and that the
         resolution fits the model's configs, without loading weights."""
-        problems: list[str] = []
-        if self.resolution <= 0:
-            problems.append(f"model.init_args.resolution: must be positive, got {self.resolution}")
+        problems = self._setting_problems()
         if not math.isfinite(self.guidance_scale):
             problems.append(f"model.init_args.guidance_scale: must be a finite number, got {self.guidance_scale}")
-        if self.max_sequence_length < 1:
-            problems.append(f"model.init_args.max_sequence_length: must be >= 1, got {self.max_sequence_length}")
-        if self.lora is not None:
-            problems.extend(self.lora.problems("model.init_args.lora"))
-        if self.time_grid not in TIME_GRIDS:
-            problems.append(f"model.init_args.time_grid: must be one of {list(TIME_GRIDS)}, got {self.time_grid!r}")
-        if self.shift is not None and not self.shift > 0:
-            problems.append(f"model.init_args.shift: must be > 0 (or null for the scheduler's), got {self.shift}")
         try:
-            tiny = parse_tiny_id(self.pretrained)
-        except ValueError as e:
+            directory = self._pretrained_dir()
+        except (ValueError, ModelDirError) as e:
             return [*problems, f"model.init_args.pretrained: {e}"]
-        if tiny is not None:
-            return problems  # built on first use from known configs (rlpost/models/tiny.py)
-        try:
-            if is_local_path(self.pretrained):
-                directory = Path(self.pretrained).expanduser()
-            elif self.local_files_only:
-                directory = cached_snapshot(self.pretrained)
-            else:
-                return problems  # may be downloaded by setup(); nothing local to check
-            check_pipeline_dir(directory, _SD3_REQUIRED, _SD3_WEIGHTED)
-        except ModelDirError as e:
-            return [*problems, f"model.init_args.pretrained: {e}"]
+        if directory is None:
+            return problems  # a tiny id (built on first use from known configs) or a hub id setup() may download
         if self.resolution > 0:
             problems.extend(f"model.init_args.resolution: {p}" for p in resolution_problems(directory, self.resolution))
         return problems
@@ -167,83 +139,15 @@ class SD3Policy(Policy):
         Raises:
             ModelDirError: The local directory is missing or malformed (the message names what is missing).
             OSError: diffusers could not load the model (wrapped with the path or hub id).
+            ValueError: The scheduler uses dynamic time shifting, or the resolution does not fit the model.
         """
-        from diffusers import StableDiffusion3Pipeline
-
-        device = torch.device(device)
-        self._device = device
-        self._dtype = resolve_dtype(self.dtype_name, device)
-        source = self.pretrained
-        tiny = parse_tiny_id(source)
-        if tiny is not None:
-            # A random-weight SD3 of the real architecture, built once into the cache and then loaded through the
-            # same from_pretrained path as SD3.5 (for CPU runs and tests; see rlpost/models/tiny.py).
-            source = str(ensure_tiny_sd3(tiny))
-        elif is_local_path(source):
-            check_pipeline_dir(Path(source), _SD3_REQUIRED, _SD3_WEIGHTED)
-            source = str(Path(source).expanduser())
-        _quiet_hf_progress_bars()
-        try:
-            with warnings.catch_warnings():
-                # diffusers >= 0.37 renamed torch_dtype to dtype; the old name still works across our range.
-                warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
-                pipe: Any = StableDiffusion3Pipeline.from_pretrained(  # type: ignore[no-untyped-call]
-                    source, torch_dtype=self._dtype, local_files_only=self.local_files_only
-                )
-        except Exception as e:  # diffusers raises OSError/ValueError/EnvironmentError with terse messages
-            where = "local directory" if is_local_path(self.pretrained) else "hub id (local cache only)"
-            raise OSError(f"SD3Policy: could not load {where} {self.pretrained!r}: {type(e).__name__}: {e}") from e
+        pipe = self._load_pipeline(device)
         if pipe.scheduler.config.get("use_dynamic_shifting", False):
             raise ValueError(f"{self.pretrained!r}: dynamic (resolution-dependent) time shifting is not supported")
-        pipe.to(device)
-        pipe.set_progress_bar_config(disable=True)
-        for module in self._modules(pipe):
-            module.eval()  # inference-mode encoders/VAE; train() below only toggles the transformer
-            module.requires_grad_(False)
-        factor = pipe.vae_scale_factor * pipe.transformer.config.patch_size
-        if self.resolution % factor:
-            raise ValueError(f"resolution {self.resolution} must be a multiple of {factor} (VAE factor x patch size)")
-        transformer = pipe.transformer
-        if self.lora is not None:
-            transformer.add_adapter(self.lora.to_peft())
-            for p in transformer.parameters():
-                if p.requires_grad:
-                    # Trainable adapter weights in fp32 even with bf16 weights (diffusers' cast_training_params).
-                    p.data = p.data.float()
-        elif self.full_finetune:
-            if self.use_reference:
-                self._ref_transformer = copy.deepcopy(transformer).requires_grad_(False).eval()
-            transformer.requires_grad_(True)
-        if self.gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        self._pipe = pipe
-        self._cache.clear()
+        self._prepare(pipe, pipe.vae_scale_factor * pipe.transformer.config.patch_size, "VAE factor x patch size")
 
-    @staticmethod
-    def _modules(pipe: Any) -> list[nn.Module]:
-        names = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
-        return [m for m in (getattr(pipe, n, None) for n in names) if m is not None]
-
-    @property
-    def pipe(self) -> Any:
-        """The loaded diffusers pipeline."""
-        if self._pipe is None:
-            raise RuntimeError("SD3Policy.setup(device) has not been called")
-        return self._pipe
-
-    @property
-    def transformer(self) -> Any:
-        """The (trainable) ``SD3Transformer2DModel``."""
-        return self.pipe.transformer
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def weight_dtype(self) -> torch.dtype:
-        """dtype of the loaded weights."""
-        return self._dtype
+    def _build_tiny(self, seed: int) -> Path:
+        return ensure_tiny_sd3(seed)
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:
@@ -263,11 +167,6 @@ class SD3Policy(Policy):
         cfg = self.pipe.scheduler.config
         shift = float(cfg.shift) if self.shift is None else self.shift
         return time_grid_sigmas(self.time_grid, num_steps, shift, int(cfg.num_train_timesteps)).to(self.device)
-
-    def initial_noise(self, num: int, generator: torch.Generator) -> Tensor:
-        """``[num, C, H/f, W/f]`` fp32 noise drawn on the generator's device (as diffusers' ``randn_tensor``)."""
-        noise = torch.randn((num, *self.latent_shape), generator=generator, device=generator.device)
-        return noise.to(self.device, torch.float32)
 
     def encode(self, prompts: Sequence[str]) -> Conditioning:
         """Encode prompts with the pipeline's ``encode_prompt`` (CLIP-L, CLIP-G, T5), cached per prompt string.
@@ -316,10 +215,7 @@ class SD3Policy(Policy):
             timestep = torch.cat([timestep, timestep])
             enc = torch.cat([t["negative_prompt_embeds"], enc])
             pooled = torch.cat([t["negative_pooled_prompt_embeds"], pooled])
-        transformer = (
-            self._ref_transformer if (self._use_ref and self._ref_transformer is not None) else self.transformer
-        )
-        out: Tensor = transformer(
+        out: Tensor = self._active_transformer()(
             hidden_states=x,
             timestep=timestep,
             encoder_hidden_states=enc.to(self._dtype),
@@ -333,107 +229,6 @@ class SD3Policy(Policy):
                 uncond, text = uncond.float(), text.float()
             out = uncond + self.guidance_scale * (text - uncond)
         return out.float()
-
-    @torch.no_grad()
-    def decode(self, latents: Tensor) -> Tensor:
-        """VAE-decode clean latents (``x / scaling_factor + shift_factor``) to ``[B, H, W, 3]`` uint8 on the device."""
-        vae = self.pipe.vae
-        x = latents.to(self.device, torch.float32) / vae.config.scaling_factor + vae.config.shift_factor
-        img: Tensor = vae.decode(x.to(vae.dtype), return_dict=False)[0].float()
-        # diffusers VaeImageProcessor.postprocess: [-1, 1] -> [0, 1], then numpy_to_pil's round(x*255).
-        img = (img / 2 + 0.5).clamp(0, 1)
-        return (img * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        """LoRA adapter parameters, or every transformer parameter under full fine-tuning; empty when frozen."""
-        if self.lora is None and not self.full_finetune:
-            return []
-        return [p for p in self.transformer.parameters() if p.requires_grad]
-
-    @contextmanager
-    def _reference_ctx(self) -> Iterator[None]:
-        if self.lora is not None:
-            self.transformer.disable_adapters()
-            try:
-                yield
-            finally:
-                self.transformer.enable_adapters()
-        else:
-            self._use_ref = True
-            try:
-                yield
-            finally:
-                self._use_ref = False
-
-    def reference(self) -> Any:
-        """Context in which :meth:`velocity` uses the frozen reference (LoRA disabled, or the frozen copy).
-
-        Raises:
-            NotImplementedError: Full fine-tuning without ``reference=True``.
-        """
-        if self.lora is not None or self._ref_transformer is not None:
-            return self._reference_ctx()
-        if not self.full_finetune:
-            return nullcontext()  # a frozen policy is its own reference
-        raise NotImplementedError("SD3Policy: full fine-tuning needs reference=True to keep a frozen reference copy")
-
-    def train(self, mode: bool = True) -> None:
-        """Train/eval mode of the transformer only (text encoders and VAE stay in eval: no dropout)."""
-        self.transformer.train(mode)
-
-    # ------------------------------------------------------------------------------------------------- LoRA
-
-    def save_lora(self, directory: str | Path) -> Path:
-        """Write the adapter as diffusers-loadable ``pytorch_lora_weights.safetensors`` in ``directory``.
-
-        Load it with ``StableDiffusion3Pipeline.from_pretrained(...).load_lora_weights(directory)``.
-        """
-        from diffusers import StableDiffusion3Pipeline
-        from peft.utils import get_peft_model_state_dict
-
-        if self.lora is None:
-            raise RuntimeError("SD3Policy.save_lora: the policy has no LoRA adapter")
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        layers = get_peft_model_state_dict(self.transformer)
-        kwargs: dict[str, Any] = {}
-        if (
-            "transformer_lora_adapter_metadata"
-            in inspect.signature(StableDiffusion3Pipeline.save_lora_weights).parameters
-        ):
-            # Store the LoRA config (alpha, rank, targets) so load_lora_weights restores the alpha/rank scaling;
-            # without it diffusers assumes alpha == rank.
-            kwargs["transformer_lora_adapter_metadata"] = self.transformer.peft_config["default"].to_dict()
-        StableDiffusion3Pipeline.save_lora_weights(str(directory), transformer_lora_layers=layers, **kwargs)
-        return directory
-
-    def state_dict(self) -> dict[str, Any]:
-        """Trainable weights only (LoRA adapter state, or the full transformer), for checkpoints."""
-        if self.lora is not None:
-            from peft.utils import get_peft_model_state_dict
-
-            return {"lora": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(self.transformer).items()}}
-        if self.full_finetune:
-            return {"transformer": {k: v.detach().cpu() for k, v in self.transformer.state_dict().items()}}
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (after :meth:`setup`)."""
-        if "lora" in state:
-            from peft.utils import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.transformer, state["lora"])
-        if "transformer" in state:
-            self.transformer.load_state_dict(state["transformer"])
-
-
-def _quiet_hf_progress_bars() -> None:
-    """Loading bars from diffusers/transformers would interleave with rlpost's own progress display."""
-    import diffusers.utils.logging as dlog
-    import transformers.utils.logging as tlog
-
-    dlog.disable_progress_bar()
-    tlog.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 @hookimpl

@@ -156,6 +156,63 @@ def assemble_sd3_pipeline(
     )
 
 
+FLUX1_SCHEDULER_CONFIG: Mapping[str, Any] = {
+    # black-forest-labs/FLUX.1-dev, scheduler/scheduler_config.json (dynamic shifting over 256..4096 image tokens)
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+}
+
+
+def assemble_flux_pipeline(
+    transformer: Any,
+    vae: Any,
+    text_encoders: Sequence[Any],
+    clip_tokenizer: Any,
+    t5_tokenizer: Any,
+    scheduler_config: Mapping[str, Any],
+) -> Any:
+    """A ``FluxPipeline`` from built modules (CLIP then T5 encoder) and ``FlowMatchEulerDiscreteScheduler`` settings,
+    every module put in ``eval()`` mode first (see the module docstring: dropout breaks the save/load round trip)."""
+    diffusers: Any = importlib.import_module("diffusers")
+    te1, te2 = text_encoders
+    for module in (transformer, te1, te2, vae):
+        module.eval()
+    return diffusers.FluxPipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(**scheduler_config),
+        vae=vae,
+        text_encoder=te1,
+        tokenizer=clip_tokenizer,
+        text_encoder_2=te2,
+        tokenizer_2=t5_tokenizer,
+        transformer=transformer,
+    )
+
+
+def tiny_vae(sample_size: int, vae_blocks: int, *, shift_factor: float, scaling_factor: float) -> Any:
+    """A tiny ``AutoencoderKL`` (4 latent channels, width 4, scale factor ``2**(vae_blocks-1)``) with the family's
+    latent ``shift_factor`` / ``scaling_factor``, drawn from the global torch RNG (callers seed it)."""
+    diffusers: Any = importlib.import_module("diffusers")
+    return diffusers.AutoencoderKL(
+        sample_size=sample_size,
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=(4,) * vae_blocks,
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=1,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=shift_factor,
+        scaling_factor=scaling_factor,
+        down_block_types=("DownEncoderBlock2D",) * vae_blocks,
+        up_block_types=("UpDecoderBlock2D",) * vae_blocks,
+    )
+
+
 def build_clip_tokenizer(num_merges: int | None, max_length: int) -> tuple[Any, int]:
     """A real CLIP BPE tokenizer from open_clip's bundled vocabulary (no download), and its vocabulary size.
 
@@ -235,6 +292,15 @@ def build_text_encoders(
     return te1, te2, transformers.T5EncoderModel(t5_cfg)
 
 
+def flux_text_encoders(clip_vocab: int, t5_vocab: int, **sizes: Any) -> tuple[Any, Any]:
+    """FLUX's text encoders: a ``CLIPTextModel`` (pooled output, no projection) and a ``T5EncoderModel``, from
+    :func:`build_text_encoders` (``sizes`` are its keyword arguments), drawn from the global torch RNG."""
+    transformers: Any = importlib.import_module("transformers")
+    te1, _, te2 = build_text_encoders(clip_vocab, t5_vocab, **sizes)
+    # Rebuilt from the first CLIP's config (a fresh draw, after the three above, so seeded builds are unchanged).
+    return transformers.CLIPTextModel(te1.config), te2
+
+
 def build_tiny_sd3(
     out_dir: Path,
     *,
@@ -288,21 +354,7 @@ def build_tiny_sd3(
             pos_embed_max_size=max(latent_size // patch_size, 1),
         )
         te1, te2, te3 = build_text_encoders(vocab_size, len(t5_tok))
-        vae = diffusers.AutoencoderKL(
-            sample_size=sample_size,
-            in_channels=3,
-            out_channels=3,
-            block_out_channels=(4,) * vae_blocks,
-            layers_per_block=1,
-            latent_channels=4,
-            norm_num_groups=1,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-            shift_factor=0.0609,
-            scaling_factor=1.5035,
-            down_block_types=("DownEncoderBlock2D",) * vae_blocks,
-            up_block_types=("UpDecoderBlock2D",) * vae_blocks,
-        )
+        vae = tiny_vae(sample_size, vae_blocks, shift_factor=0.0609, scaling_factor=1.5035)
     pipe = assemble_sd3_pipeline(transformer, vae, (te1, te2, te3), clip_tok, t5_tok, shift)
     out_dir.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out_dir))
@@ -344,7 +396,6 @@ def build_tiny_flux(
         ``out_dir``.
     """
     diffusers: Any = importlib.import_module("diffusers")
-    transformers: Any = importlib.import_module("transformers")
 
     out_dir = Path(out_dir)
     clip_tok, vocab_size, t5_tok = sd3_tokenizers(clip_merges=clip_merges, clip_max_length=77, t5_max_length=512)
@@ -362,43 +413,9 @@ def build_tiny_flux(
             guidance_embeds=guidance_embeds,
             axes_dims_rope=(2, 2, 4),  # sums to attention_head_dim, as FLUX.1's (16, 56, 56) sums to 128
         )
-        te1, _, te2 = build_text_encoders(vocab_size, len(t5_tok))
-        # FLUX's CLIP is a CLIPTextModel (pooled output, no projection); rebuild it from the same config.
-        te1 = transformers.CLIPTextModel(te1.config)
-        vae = diffusers.AutoencoderKL(
-            sample_size=sample_size,
-            in_channels=3,
-            out_channels=3,
-            block_out_channels=(4,) * vae_blocks,
-            layers_per_block=1,
-            latent_channels=4,
-            norm_num_groups=1,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-            shift_factor=0.1159,  # FLUX.1's VAE constants
-            scaling_factor=0.3611,
-            down_block_types=("DownEncoderBlock2D",) * vae_blocks,
-            up_block_types=("UpDecoderBlock2D",) * vae_blocks,
-        )
-    for module in (transformer, te1, te2, vae):
-        module.eval()  # see module docstring: dropout in train mode breaks the save/load round trip
-    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
-    pipe = diffusers.FluxPipeline(
-        scheduler=scheduler,
-        vae=vae,
-        text_encoder=te1,
-        tokenizer=clip_tok,
-        text_encoder_2=te2,
-        tokenizer_2=t5_tok,
-        transformer=transformer,
-    )
+        te1, te2 = flux_text_encoders(vocab_size, len(t5_tok))
+        vae = tiny_vae(sample_size, vae_blocks, shift_factor=0.1159, scaling_factor=0.3611)  # FLUX.1's VAE constants
+    pipe = assemble_flux_pipeline(transformer, vae, (te1, te2), clip_tok, t5_tok, FLUX1_SCHEDULER_CONFIG)
     out_dir.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out_dir))
     return out_dir

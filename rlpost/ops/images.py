@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import math
 import textwrap
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 
-__all__ = ["save_grid", "save_images"]
+__all__ = ["agg_pyplot", "save_figure", "save_grid", "save_images"]
 
 _MIN_CELL = 128  # tiny test images (32 px) are upscaled so captions stay readable
 _CAPTION_LINES = 3
@@ -89,3 +91,31 @@ def save_images(images: Tensor, directory: Path, prefix: str = "") -> list[Path]
         Image.fromarray(img.numpy()).save(p)
         paths.append(p)
     return paths
+
+
+def agg_pyplot(skipping: str) -> Any | None:
+    """``matplotlib.pyplot`` on the file-only Agg backend (never needs a display: safe in worker processes and CI).
+
+    Args:
+        skipping: The warning to give when matplotlib is missing, naming the tool and what it skips.
+
+    Returns:
+        The ``pyplot`` module, or ``None`` after a ``UserWarning`` (``skipping``) when matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warnings.warn(skipping, UserWarning, stacklevel=3)
+        return None
+    return plt
+
+
+def save_figure(fig: Any, out: Path) -> Path:
+    """Lay out ``fig`` tightly and write it to ``out`` (parent folders created); the caller closes it."""
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out
