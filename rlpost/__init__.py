@@ -52,23 +52,41 @@ from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocit
 from rlpost.ops.schedules import TIME_GRIDS, clean_tail_steps, shifted_tail_sigmas, subsampled_indices, time_shift
 
 if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/transformers
+    from rlpost.models._common import (
+        DiffusersTransformerPolicy,
+        LoraSpec,
+        PromptCache,
+        cached_snapshot,
+        check_pipeline_dir,
+        resolve_dtype,
+    )
+    from rlpost.models.flux import FluxPolicy
     from rlpost.models.sd3 import SD3Policy
-    from rlpost.models.tiny import assemble_sd3_pipeline, build_text_encoders, sd3_tokenizers, t5_vocab
+    from rlpost.models.tiny import (
+        assemble_sd3_pipeline,
+        build_clip_tokenizer,
+        build_text_encoders,
+        sd3_tokenizers,
+        t5_vocab,
+    )
 
 __all__ = [
-    "DPM_SOLVER",
-    "TIME_GRIDS",
     "AdvantageEstimator",
     "Advantages",
     "ChainPlan",
     "Component",
     "Conditioning",
+    "DPM_SOLVER",
+    "DiffusersTransformerPolicy",
     "EdgeEval",
     "EulerODE",
+    "FluxPolicy",
     "LogProbReduction",
+    "LoraSpec",
     "Policy",
     "PolicyOptimizer",
     "PromptBatch",
+    "PromptCache",
     "PromptSource",
     "RecipeView",
     "Registry",
@@ -84,13 +102,17 @@ __all__ = [
     "StashKey",
     "StepCounts",
     "StepKernel",
+    "TIME_GRIDS",
     "TrainBackend",
     "UpdateContext",
     "__version__",
     "assemble_sd3_pipeline",
     "broadcast_to_edges",
+    "build_clip_tokenizer",
     "build_text_encoders",
+    "cached_snapshot",
     "chain_counts",
+    "check_pipeline_dir",
     "clean_tail_steps",
     "constant_groups",
     "dpm_solver_pp2_step",
@@ -103,6 +125,7 @@ __all__ = [
     "make_kernel",
     "mix_rewards",
     "random_step_subset",
+    "resolve_dtype",
     "rollout_chains",
     "run_chains",
     "sd3_tokenizers",
@@ -115,7 +138,15 @@ __all__ = [
 
 # Exported names whose modules load on first access (PEP 562), so ``import rlpost`` stays cheap.
 _LAZY = {
+    "DiffusersTransformerPolicy": "rlpost.models._common",
+    "FluxPolicy": "rlpost.models.flux",
+    "LoraSpec": "rlpost.models._common",
+    "PromptCache": "rlpost.models._common",
     "SD3Policy": "rlpost.models.sd3",
+    "build_clip_tokenizer": "rlpost.models.tiny",
+    "cached_snapshot": "rlpost.models._common",
+    "check_pipeline_dir": "rlpost.models._common",
+    "resolve_dtype": "rlpost.models._common",
     "assemble_sd3_pipeline": "rlpost.models.tiny",
     "build_text_encoders": "rlpost.models.tiny",
     "sd3_tokenizers": "rlpost.models.tiny",
