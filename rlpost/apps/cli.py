@@ -148,7 +148,11 @@ def cmd_train(args: Sequence[str]) -> int:
     finally:
         host.unregister_plugin("rlpost.apps.progress")
     if runner.ctx.is_main_process:  # also without the progress bar: a run ends with at least one line saying so
-        console.print(f"rlpost train: completed {runner.ctx.step} step(s); run directory {runner.rundir.path}")
+        if runner.status == "stopped":  # eval.alarm.stop ended the run early
+            what = f"stopped by the reward-hacking alarm after {runner.ctx.step} step(s)"
+        else:
+            what = f"completed {runner.ctx.step} step(s)"
+        console.print(f"rlpost train: {what}; run directory {runner.rundir.path}")
     return 0
 
 

@@ -76,6 +76,7 @@ class Runner:
         self.evaluator: Evaluator | None = None
         self.logger: MetricsLogger | None = None
         self.last_saved_step = -1
+        self.status: str | None = None  # the final status finish() recorded (completed, stopped, failed, ...)
         self.phases = PhaseTimer()
         """Wall time of each step phase and of evaluations (:mod:`rlpost.engine.phases`)."""
 
@@ -398,6 +399,7 @@ class Runner:
             PluginRuntimeError: An ``rlpost_after_run`` implementation failed after a completed run. When the run
                 is already failing, that failure is the one to report: the plugin's becomes a warning.
         """
+        self.status = status
         if self.ctx.is_main_process:
             self.rundir.write_summary(status, self.ctx.step, self.ctx.history)
         if self.logger is not None:

@@ -217,7 +217,7 @@ def test_alarm_fires_on_a_planted_hack_and_stops_the_run(tmp_path: Any, host: Pl
     assert 4 <= step < 30 and len(history) == step == records[-1]["step"]  # stopped right after firing
     assert any("judge toy-flatness fell" in reason for reason in fired[0]["reasons"])
     run = tmp_path / "run"
-    assert json.loads((run / "summary.json").read_text())["status"] == "stopped"
+    assert json.loads((run / "summary.json").read_text())["status"] == "stopped" == runner.status
     assert (run / "checkpoints" / f"step_{step:06d}").is_dir()
     assert alarm_text(runner.ctx.stash.get(LAST_EVAL, {})) == f"HACKING ALARM (step {step})"
     summary = report_summary(run)
