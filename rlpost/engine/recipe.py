@@ -106,6 +106,10 @@ class RunConfig:
         max_grad_norm: Gradient-norm clip (positive, finite) applied at every optimizer step; null disables it.
         progress: Show the rich progress bar and summary table (main process only).
         log_every: Write metrics to ``metrics.jsonl`` every N steps.
+        min_group_spread: Skip a prompt whose previous group's rewards had a standard deviation below this (the
+            batch is filled from the next prompts, so a step's budget is unchanged; logs ``prompts/skipped``);
+            null (the default) takes every prompt. See :mod:`rlpost.components.prompt_selection`.
+        max_skips: With ``min_group_spread``: a low-spread prompt is skipped at most this many epochs in a row.
     """
 
     seed: int = 0
@@ -117,6 +121,8 @@ class RunConfig:
     max_grad_norm: float | None = 1.0
     progress: bool = True
     log_every: int = 1
+    min_group_spread: float | None = None
+    max_skips: int = 2
 
     SEED_MAX: ClassVar[int] = 2**32 - 1
     """Largest seed: the RNG streams derive ``seed * 1_000_003 + offset`` seeds and numpy takes 32-bit seeds."""
@@ -125,13 +131,17 @@ class RunConfig:
         """Range problems of these settings, each naming its field relative to the section (the recipe prefixes
         ``run.``; empty when the section is sane)."""
         problems = []
-        for name in ("max_steps", "groups_per_step", "samples_per_group", "log_every"):
+        for name in ("max_steps", "groups_per_step", "samples_per_group", "log_every", "max_skips"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.seed <= self.SEED_MAX:
             problems.append(f"seed: must be in [0, {self.SEED_MAX}], got {self.seed}")
         if self.max_grad_norm is not None and not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
             problems.append(f"max_grad_norm: must be a positive finite number or null, got {self.max_grad_norm}")
+        if self.min_group_spread is not None and not (
+            math.isfinite(self.min_group_spread) and self.min_group_spread > 0
+        ):
+            problems.append(f"min_group_spread: must be a positive finite number or null, got {self.min_group_spread}")
         device = device_problem(self.device)
         if device is not None:
             problems.append(f"device: {device}")

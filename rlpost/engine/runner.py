@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlpost.components.prompt_selection import SpreadFilter
 from rlpost.components.prompts import PromptStream
 from rlpost.core.api import Advantages, UpdateContext
 from rlpost.core.context import RunContext
@@ -117,7 +118,8 @@ class Runner:
                 self.shard.backend = self.backend
         else:
             self.backend = LocalBackend(params, optimizer, scheduler, r.run.max_grad_norm)
-        self.stream = PromptStream(r.prompts.load(), seed=self.seed)
+        selector = SpreadFilter(r.run.min_group_spread, r.run.max_skips) if r.run.min_group_spread else None
+        self.stream = PromptStream(r.prompts.load(), seed=self.seed, selector=selector)
         if r.ema is not None:  # under ZeRO the EMA keeps only this rank's share of the weights
             self.ema = EMA(params, r.ema, self.backend.weight_shards())
         if r.eval is not None:
@@ -224,6 +226,7 @@ class Runner:
             scores = self.score(rollout)  # each rank scores its own samples
         self.host.after_rewards(self.ctx, rollout, scores)
         view = shard.gather(rollout, scores, self.guards)  # whole groups of every rank (the rollout itself locally)
+        self.stream.observe(view.rollout, view.scores)  # identical on every rank (run.min_group_spread)
         adv_metrics: dict[str, float] = {}
         update: dict[str, float] = {}
         if not self.guards.tripped:  # a non-finite reward poisons its group's advantages: skip the update
@@ -236,6 +239,7 @@ class Runner:
                 update = shard.reduce(r.optimizer.update(ctx))
             self._guard_update(update)
         metrics = self._metrics(view.rollout, view.scores, adv_metrics, update) | self.guards.metrics()
+        metrics |= self.stream.metrics()
         self.ctx.step += 1
         self.ctx.history.append(metrics)
         if self.ema is not None:

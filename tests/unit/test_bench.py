@@ -17,6 +17,7 @@ from rlpost.models.sd3 import SD3Policy
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = sorted((ROOT / "recipes" / "bench").glob("*.yaml"))
+SUB_BENCHES = sorted((ROOT / "recipes" / "bench" / "digits").glob("*_bench.yaml"))
 TINY_ALGOS = {"treegrpo-paper", "treegrpo-code", "dancegrpo", "mixgrpo", "ddpo"}
 TINY_SEEDS = [0, 1]
 
@@ -87,14 +88,8 @@ def test_counted_forwards_equal_the_cost_model(tiny_result: tuple[Path, dict]) -
         assert algo["rollout_forwards"]["all_equal"] and algo["train_forwards"]["all_equal"], name
 
 
-@pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.name)
-def test_bench_recipes_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every algorithm of every bench recipe validates (no model loads); all share NFE, LR and eval settings."""
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
-    spec = bench.load_bench(str(path))
-    assert {"treegrpo-paper", "dancegrpo", "mixgrpo", "ddpo"} <= {a.name for a in spec.algorithms}
-    assert spec.seeds is not None and len(spec.seeds) >= 2
+def _validated_algorithms(spec: bench.BenchSpec) -> dict[str, dict[str, Any]]:
+    """Each algorithm's resolved config; asserts they share model, evaluation, rewards, prompts and LR."""
     host = PluginHost()
     configs: dict[str, dict[str, Any]] = {}
     for algo in spec.algorithms:
@@ -104,6 +99,34 @@ def test_bench_recipes_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     for key in ("model", "eval", "rewards", "prompts"):
         assert all(c[key] == first[key] for c in configs.values()), key
     assert {c["torch_optimizer"]["init_args"]["lr"] for c in configs.values()} == {2.0e-3}
+    return configs
+
+
+@pytest.mark.parametrize("path", SUB_BENCHES, ids=lambda p: p.name)
+def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The focused digits benches (recipes/bench/digits/*_bench.yaml) validate like the main one; an arm that adds
+    prompt selection differs from its static arm only there (same trees, same row budget)."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
+    spec = bench.load_bench(str(path))
+    assert spec.seeds is not None and spec.reference == "dancegrpo" and "treegrpo-paper" in spec.fast_names
+    configs = _validated_algorithms(spec)
+    for name, config in configs.items():
+        if name.endswith("-skip"):
+            static = configs[name.removesuffix("-skip")]
+            assert config["run"]["min_group_spread"] == 0.05 and static["run"]["min_group_spread"] is None
+            assert {k: v for k, v in config.items() if k != "run"} == {k: v for k, v in static.items() if k != "run"}
+
+
+@pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.name)
+def test_bench_recipes_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every algorithm of every bench recipe validates (no model loads); all share NFE, LR and eval settings."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
+    spec = bench.load_bench(str(path))
+    assert {"treegrpo-paper", "dancegrpo", "mixgrpo", "ddpo"} <= {a.name for a in spec.algorithms}
+    assert spec.seeds is not None and len(spec.seeds) >= 2
+    configs = _validated_algorithms(spec)
     if path.name == "digits.yaml":
         assert spec.seeds == [0, 1, 2] and spec.reference == "dancegrpo"
         assert spec.fast_names == ["treegrpo-paper", "treegrpo-code"]
