@@ -116,6 +116,12 @@ def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch
             static = configs[name.removesuffix("-skip")]
             assert config["run"]["min_group_spread"] == 0.05 and static["run"]["min_group_spread"] is None
             assert {k: v for k, v in config.items() if k != "run"} == {k: v for k, v in static.items() if k != "run"}
+        if name.endswith("-floor"):
+            plain = configs[name.removesuffix("-floor")]
+            assert config["advantage"]["init_args"]["eps"] == 0.05 and plain["advantage"]["init_args"]["eps"] == 1e-8
+            assert {k: v for k, v in config.items() if k != "advantage"} == {
+                k: v for k, v in plain.items() if k != "advantage"
+            }
 
 
 @pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.name)
