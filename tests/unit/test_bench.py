@@ -109,7 +109,8 @@ def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
     spec = bench.load_bench(str(path))
-    assert spec.seeds is not None and spec.reference == "dancegrpo" and "treegrpo-paper" in spec.fast_names
+    assert spec.seeds is not None and spec.reference == "dancegrpo"
+    assert any(name.startswith("treegrpo") for name in spec.fast_names)
     configs = _validated_algorithms(spec)
     for name, config in configs.items():
         if name.endswith("-skip"):
