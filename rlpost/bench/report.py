@@ -10,7 +10,7 @@ from typing import Any
 from rlpost.bench import stats
 from rlpost.bench.aggregate import numeric
 from rlpost.bench.plot import plot_wallclock
-from rlpost.bench.tables import ci, fmt, heldout_tables, level_tables, ratio_table
+from rlpost.bench.tables import ci, fmt, heldout_tables, level_tables, own_best_table, ratio_table
 
 __all__ = ["markdown", "write_outputs"]
 
@@ -80,6 +80,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += heldout_tables(algos, comp)
     lines += ratio_table(result, algos, comp)
     lines += level_tables(result, algos, comp)
+    lines += own_best_table(result, algos, comp)
     if comp.get("conclusions"):
         lines += ["", "## Conclusions (a direction only where the intervals separate)", ""]
         lines += [f"* {c}" for c in comp["conclusions"]]

@@ -9,7 +9,7 @@ from typing import Any
 from rlpost.bench import stats
 from rlpost.bench.aggregate import numeric
 
-__all__ = ["ci", "fmt", "heldout_tables", "level_tables", "ratio_table"]
+__all__ = ["ci", "fmt", "heldout_tables", "level_tables", "own_best_table", "ratio_table"]
 
 
 def fmt(value: Any, spec: str = ".3f") -> str:
@@ -161,4 +161,37 @@ def level_tables(result: dict[str, Any], algos: dict[str, Any], comp: dict[str, 
                 + ", ".join("not reached" if i is None else str(i) for i in t["iterations"])
                 + " |"
             )
+    return lines
+
+
+def own_best_table(result: dict[str, Any], algos: dict[str, Any], comp: dict[str, Any]) -> list[str]:
+    """The stricter time-to-reward reading (``comparisons()["own_best"]``): time to the reference's mean best level
+    against the time the reference took to reach its own best, per fast algorithm."""
+    ob = comp.get("own_best")
+    if not ob or not ob["by_algorithm"]:
+        return []
+    ref = result["spec"].get("reference")
+    lines = [
+        "",
+        f"## Time to {algos[ref]['label']}'s mean best level, against its own time to its best: "
+        f"`{ob['metric']}` >= {ob['level']:.4f}",
+        "",
+        f"The level is the mean of {algos[ref]['label']}'s per-seed best values "
+        f"({', '.join(fmt(v, '.4f') for v in ob['reference_per_seed'])}); {algos[ref]['label']}'s time is each "
+        f"seed's training time at its own best evaluation ({', '.join(fmt(v, '.1f') for v in ob['reference_times_s'])}"
+        f" s: {ci(ob['reference_time_s'], '.1f')}). Ratio = {algos[ref]['label']}'s mean time / the algorithm's mean "
+        "time to the level (> 1 favours the algorithm; only when all its seeds reach the level).",
+        "",
+        "| Method | preset | reached | time (s) | iteration per seed | ratio | vs 1 |",
+        "|---|---|---:|---:|---|---:|---|",
+    ]
+    for name, t in ob["by_algorithm"].items():
+        r = ob["ratios"][name]
+        reached = f"{t['reached']}/{t['n']}" + ("" if t["reached"] == t["n"] else " (**not reached** by all)")
+        ratio = "not computed" if "not_reached" in r else _ratio(r)
+        lines.append(
+            f"| {algos[name]['label']} | {algos[name]['preset']} | {reached} | {ci(t['time_s'], '.1f')} | "
+            + ", ".join("not reached" if i is None else str(i) for i in t["iterations"])
+            + f" | {ratio} | {'–' if 'not_reached' in r else _vs(r, 1.0)} |"
+        )
     return lines

@@ -322,12 +322,19 @@ def test_aggregate_over_seeds_equal_iterations_wall_time_levels_and_ratios() -> 
     assert ratio["paper_s_per_iter"] == pytest.approx(173.5 / 72.0)
     assert ratio["s_per_iter_vs_paper"] == "separated"
     assert ratio["time_to_level"]["best"]["mean"] == pytest.approx(2.0)
+    # Stricter reading: ref's mean best 0.75; ref reached its own best at 8 s in every seed; fast reaches 0.75 at
+    # 4 s (seeds 0, 1: 0.8, 0.81) and 4 s (seed 2: 0.79), so the ratio is 8 / 4.
+    own = comp["own_best"]
+    assert own["level"] == pytest.approx(0.75) and own["reference_times_s"] == [8, 8, 8]
+    assert own["by_algorithm"]["fast"]["times_s"] == [4, 4, 4] and own["ratios"]["fast"]["mean"] == pytest.approx(2.0)
+    assert "ref" not in own["by_algorithm"]
     assert "FAST [fast-preset] faster than REF [ref-preset] (separated)" in " ".join(comp["conclusions"])
     md = bench.markdown(
         {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
     )
     assert "### `eval/judge`" in md and "### `eval/r`" in md
     assert "| FAST | fast-preset |" in md and "2.41x" in md and "excludes 2.41 (below)" in md
+    assert "mean best level, against its own time to its best" in md and "| 3/3 | 4.0 (n=3, all equal) |" in md
 
 
 def test_overlapping_seeds_are_reported_not_separated_and_unreached_levels_honestly() -> None:
@@ -345,10 +352,12 @@ def test_overlapping_seeds_are_reported_not_separated_and_unreached_levels_hones
     lv = comp["levels"]["best"]["by_algorithm"]["slow"]
     assert lv["reached"] == 2 and lv["times_s"][2] is None and lv["iterations"][2] is None
     assert "not_reached" in comp["ratios"]["slow"]["time_to_level"]["best"]
+    assert comp["own_best"]["ratios"]["slow"] == {"not_reached": "slow 2/3 seeds"}
     md = bench.markdown(
         {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
     )
     assert "not reached" in md and "not separated" in md
+    assert "| 2/3 (**not reached** by all) |" in md and "| not computed | – |" in md
     # The ratio's own interval may exclude 1 while the two intervals overlap: shown, but not stated as a difference.
     assert "excludes 1.00 (above)" in md
 
