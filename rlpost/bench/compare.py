@@ -4,8 +4,6 @@ allow (:func:`rlpost.bench.stats.compare`)."""
 
 from __future__ import annotations
 
-import math
-
 from typing import Any
 
 from rlpost.bench import stats
@@ -72,14 +70,12 @@ def _own_best(
     when every seed of the fast algorithm reached the level.
     """
     ref_runs = by_algo[reference]
-    bests = [_best(r, key) for r in ref_runs]
-    if any(b is None for b in bests):
+    found = [_best(r, key) for r in ref_runs]
+    bests = [b for b in found if b is not None]
+    if len(bests) < len(found):
         return None
-    level = sum(b for b in bests if b is not None) / len(bests)
-    ref_times = []
-    for run, b in zip(ref_runs, bests, strict=True):
-        hit = stats.first_reach(run["evals"], key, b if b is not None else math.inf)
-        ref_times.append(float(hit["train_time_s"]) if hit else None)
+    level = sum(bests) / len(bests)
+    ref_times = [_time_to([run], key, b, kw)["times_s"][0] for run, b in zip(ref_runs, bests, strict=True)]
     out: dict[str, Any] = {
         "metric": key,
         "level": level,
@@ -94,13 +90,20 @@ def _own_best(
             continue
         t = _time_to(by_algo[f], key, level, kw)
         out["by_algorithm"][f] = t
-        if t["reached"] < t["n"]:
-            out["ratios"][f] = {"not_reached": f"{f} {t['reached']}/{t['n']} seeds"}
-        else:
-            ratio = stats.ratio_summary(ref_times, t["times_s"], **kw)
-            ratio["vs_1"] = stats.verdict(ratio, (1.0, 1.0))
-            out["ratios"][f] = ratio
+        out["ratios"][f] = _time_ratio(ref_times, t, f"{f} {t['reached']}/{t['n']} seeds", kw)
     return out
+
+
+def _time_ratio(
+    ref_times: list[float | None], fast: dict[str, Any], missing: str, kw: dict[str, Any]
+) -> dict[str, Any]:
+    """Reference / fast mean time with its interval and verdict against 1, or ``{"not_reached": missing}`` when a
+    seed of either side has no time."""
+    if None in ref_times or fast["reached"] < fast["n"]:
+        return {"not_reached": missing}
+    ratio = stats.ratio_summary(ref_times, fast["times_s"], **kw)
+    ratio["vs_1"] = stats.verdict(ratio, (1.0, 1.0))
+    return ratio
 
 
 def comparisons(result: dict[str, Any]) -> dict[str, Any]:
@@ -208,14 +211,8 @@ def comparisons(result: dict[str, Any]) -> dict[str, Any]:
             entry["time_to_level"] = {}
             for level_name, lv in out.get("levels", {}).items():
                 tf, tr = lv["by_algorithm"][f], lv["by_algorithm"][reference]
-                if tf["reached"] < tf["n"] or tr["reached"] < tr["n"]:
-                    entry["time_to_level"][level_name] = {
-                        "not_reached": f"{f} {tf['reached']}/{tf['n']} seeds, {reference} {tr['reached']}/{tr['n']}"
-                    }
-                    continue
-                ratio = stats.ratio_summary(tr["times_s"], tf["times_s"], **kw)
-                ratio["vs_1"] = stats.verdict(ratio, (1.0, 1.0))
-                entry["time_to_level"][level_name] = ratio
+                missing = f"{f} {tf['reached']}/{tf['n']} seeds, {reference} {tr['reached']}/{tr['n']}"
+                entry["time_to_level"][level_name] = _time_ratio(tr["times_s"], tf, missing, kw)
             out["ratios"][f] = entry
     out["conclusions"] = _conclusions(result, algos, out, by_algo)
     return out

@@ -155,13 +155,15 @@ def level_tables(result: dict[str, Any], algos: dict[str, Any], comp: dict[str, 
             "|---|---|---:|---:|---|",
         ]
         for name, t in lv["by_algorithm"].items():
-            reached = f"{t['reached']}/{t['n']}" + ("" if t["reached"] == t["n"] else " (**not reached** by all)")
-            lines.append(
-                f"| {algos[name]['label']} | {algos[name]['preset']} | {reached} | {ci(t['time_s'], '.1f')} | "
-                + ", ".join("not reached" if i is None else str(i) for i in t["iterations"])
-                + " |"
-            )
+            lines.append(f"| {algos[name]['label']} | {algos[name]['preset']} | {_reach_cells(t)} |")
     return lines
+
+
+def _reach_cells(t: dict[str, Any]) -> str:
+    """``reached | time (s) | iteration per seed`` cells of one algorithm's time to a level."""
+    reached = f"{t['reached']}/{t['n']}" + ("" if t["reached"] == t["n"] else " (**not reached** by all)")
+    iterations = ", ".join("not reached" if i is None else str(i) for i in t["iterations"])
+    return f"{reached} | {ci(t['time_s'], '.1f')} | {iterations}"
 
 
 def own_best_table(result: dict[str, Any], algos: dict[str, Any], comp: dict[str, Any]) -> list[str]:
@@ -187,11 +189,6 @@ def own_best_table(result: dict[str, Any], algos: dict[str, Any], comp: dict[str
     ]
     for name, t in ob["by_algorithm"].items():
         r = ob["ratios"][name]
-        reached = f"{t['reached']}/{t['n']}" + ("" if t["reached"] == t["n"] else " (**not reached** by all)")
-        ratio = "not computed" if "not_reached" in r else _ratio(r)
-        lines.append(
-            f"| {algos[name]['label']} | {algos[name]['preset']} | {reached} | {ci(t['time_s'], '.1f')} | "
-            + ", ".join("not reached" if i is None else str(i) for i in t["iterations"])
-            + f" | {ratio} | {'–' if 'not_reached' in r else _vs(r, 1.0)} |"
-        )
+        ratio = "not computed | –" if "not_reached" in r else f"{_ratio(r)} | {_vs(r, 1.0)}"
+        lines.append(f"| {algos[name]['label']} | {algos[name]['preset']} | {_reach_cells(t)} | {ratio} |")
     return lines
