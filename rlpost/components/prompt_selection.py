@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from rlpost.core.contract import RewardScores, Rollout
+from rlpost.ops.reward_mixing import group_std
 
 __all__ = ["SpreadFilter", "group_spreads"]
 
@@ -43,12 +44,11 @@ def group_spreads(rollout: Rollout, scores: RewardScores) -> dict[str, float]:
     """
     values = scores.weighted_sum().detach().double().cpu()
     groups = rollout.sample_group.long().cpu()
-    out: dict[str, float] = {}
-    for g, prompt in enumerate(rollout.prompts):
-        member = values[groups == g]
-        if member.numel() and bool(torch.isfinite(member).all()):
-            out[prompt] = float(member.std(correction=0)) if member.numel() > 1 else 0.0
-    return out
+    keep = ~torch.isin(groups, groups[~torch.isfinite(values)])
+    if not bool(keep.any()):
+        return {}
+    ids, std = group_std(values[keep], groups[keep])
+    return {rollout.prompts[int(g)]: float(s) for g, s in zip(ids.tolist(), std.tolist(), strict=True)}
 
 
 class SpreadFilter:
@@ -68,6 +68,10 @@ class SpreadFilter:
         self.max_skips = int(max_skips)
         self.spread: dict[str, float] = {}
         self.skips: dict[str, int] = {}
+        self.skipped_last_batch = 0
+
+    def begin_batch(self) -> None:
+        """Start counting the prompts passed over while the stream draws one batch."""
         self.skipped_last_batch = 0
 
     def admit(self, prompt: str) -> bool:

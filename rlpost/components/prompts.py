@@ -568,7 +568,7 @@ class PromptStream:
         """The next ``num_groups`` prompts (crossing epoch boundaries as needed)."""
         prompts, metadata = [], []
         if self.selector is not None:
-            self.selector.skipped_last_batch = 0
+            self.selector.begin_batch()
         while len(prompts) < num_groups:
             if self.position == len(self._order):
                 self.epoch += 1

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from rlpost.core.contract import RewardScores
 
-__all__ = ["constant_groups", "group_zscore", "mix_rewards", "validate_reward_weights"]
+__all__ = ["constant_groups", "group_std", "group_zscore", "mix_rewards", "validate_reward_weights"]
 
 
 def constant_groups(values: Tensor, groups: Tensor) -> Tensor:
@@ -74,8 +74,20 @@ def group_zscore(
     v = values.detach().double()
     if v.numel() == 0:
         return v.float()
-    _, inverse = torch.unique(groups.to(v.device), return_inverse=True)
-    num = int(inverse.max().item()) + 1
+    _, inverse, centred, std = _group_moments(v, groups, unbiased)
+    if global_std:
+        rest = v - v.min()
+        std = torch.sqrt(((rest - rest.mean()) ** 2).mean()).expand(std.shape[0])
+    z = centred / (std[inverse] + eps)
+    return torch.where(constant_groups(v, groups), torch.zeros_like(z), z).float()
+
+
+def _group_moments(v: Tensor, groups: Tensor, unbiased: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Sorted unique group ids, each value's group index, values centred on their group mean, and per-group std,
+    all in float64 on values shifted by their group minimum (a constant group centres to exactly 0; see
+    :func:`group_zscore`)."""
+    ids, inverse = torch.unique(groups.to(v.device), return_inverse=True)
+    num = ids.shape[0]
 
     def per_group(x: Tensor) -> Tensor:
         return torch.zeros(num, dtype=x.dtype, device=x.device).index_add_(0, inverse, x)
@@ -84,14 +96,21 @@ def group_zscore(
     shifted = v - lo[inverse]  # exactly 0 across a constant group; float32 inputs subtract exactly in float64
     counts = per_group(torch.ones_like(v))
     centred = shifted - (per_group(shifted) / counts)[inverse]
-    if global_std:
-        rest = v - v.min()
-        std = torch.sqrt(((rest - rest.mean()) ** 2).mean()).expand(num)
-    else:
-        denom = (counts - 1.0).clamp_min(1.0) if unbiased else counts
-        std = torch.sqrt(per_group(centred * centred) / denom)
-    z = centred / (std[inverse] + eps)
-    return torch.where(constant_groups(v, groups), torch.zeros_like(z), z).float()
+    denom = (counts - 1.0).clamp_min(1.0) if unbiased else counts
+    return ids, inverse, centred, torch.sqrt(per_group(centred * centred) / denom)
+
+
+def group_std(values: Tensor, groups: Tensor, unbiased: bool = False) -> tuple[Tensor, Tensor]:
+    """Per-group standard deviation of ``values``, computed as :func:`group_zscore` computes it (float64, a constant
+    group gives exactly 0).
+
+    Returns:
+        ``(ids, std)``: the sorted unique group ids and the ``[len(ids)]`` float64 standard deviation of each.
+    """
+    if values.ndim != 1 or groups.shape != values.shape:
+        raise ValueError(f"group_std: values {tuple(values.shape)} and groups {tuple(groups.shape)} must be [S]")
+    ids, _, _, std = _group_moments(values.detach().double(), groups, unbiased)
+    return ids, std
 
 
 def mix_rewards(
