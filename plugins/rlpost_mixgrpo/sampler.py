@@ -36,7 +36,7 @@ from rlpost import (
     make_kernel,
     run_chains,
     shared_or_independent_noise,
-    time_shift,
+    shifted_tail_sigmas,
 )
 
 from .window import WindowScheduler, WindowStrategy
@@ -49,18 +49,14 @@ _SDE, _ODE, _DPM = 0, 1, 2
 def compressed_tail(sigma_end: float, remaining: int, compress_ratio: float, shift: float) -> Tensor:
     """MixGRPO-Flash's post-window schedule: ``max(1, floor(remaining · ratio))`` steps from ``sigma_end`` to 0.
 
-    The unshifted time of ``sigma_end`` (inverse of ``σ = s·t / (1 + (s-1)·t)``) is spaced linearly to 0 and
-    shifted again, as upstream ``run_sample_step`` does, so the tail has the model's time-shift profile.
+    The step count is Flash's (upstream ``run_sample_step`` compresses the ``remaining`` steps by ``compress_ratio``);
+    the grid itself is :func:`rlpost.shifted_tail_sigmas` (the unshifted time of ``sigma_end`` spaced linearly to 0
+    and shifted again, so the tail keeps the model's time-shift profile).
 
     Returns:
         ``[n + 1]`` fp32 noise levels, ``[0] == sigma_end`` and ``[-1] == 0``.
     """
-    n = max(1, math.floor(remaining * compress_ratio))
-    t_end = sigma_end / (shift - (shift - 1.0) * sigma_end)
-    tail = time_shift(torch.linspace(t_end, 0.0, n + 1, dtype=torch.float64), shift).to(torch.float32)
-    tail[0] = sigma_end
-    tail[-1] = 0.0
-    return tail
+    return shifted_tail_sigmas(sigma_end, max(1, math.floor(remaining * compress_ratio)), shift)
 
 
 class MixGRPOSampler(Sampler):
