@@ -105,7 +105,7 @@ def _validated_algorithms(spec: bench.BenchSpec) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("path", SUB_BENCHES, ids=lambda p: p.name)
 def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The focused digits benches (recipes/bench/digits/*_bench.yaml) validate like the main one; an arm that adds
-    prompt selection differs from its static arm only there (same trees, same row budget)."""
+    prompt selection, a std floor, an LR decay or a KL term differs from its plain arm only there."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
     spec = bench.load_bench(str(path))
@@ -117,6 +117,23 @@ def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch
             static = configs[name.removesuffix("-skip")]
             assert config["run"]["min_group_spread"] == 0.05 and static["run"]["min_group_spread"] is None
             assert {k: v for k, v in config.items() if k != "run"} == {k: v for k, v in static.items() if k != "run"}
+        if name.endswith("-decay"):
+            constant = configs[name.removesuffix("-decay")]
+            assert constant.get("lr_scheduler") is None
+            assert config["lr_scheduler"]["class_path"] == "torch.optim.lr_scheduler.PolynomialLR"
+            assert {k: v for k, v in config.items() if k != "lr_scheduler"} == {
+                k: v for k, v in constant.items() if k != "lr_scheduler"
+            }
+        if name.endswith("-kl"):
+            plain = configs[name.removesuffix("-kl")]
+            assert (
+                config["optimizer"]["init_args"]["kl_coef"] == 0.1 and plain["optimizer"]["init_args"]["kl_coef"] == 0
+            )
+            without_kl = [
+                {**c, "optimizer": {**c["optimizer"], "init_args": {**c["optimizer"]["init_args"], "kl_coef": 0}}}
+                for c in (config, plain)
+            ]
+            assert without_kl[0] == without_kl[1]
         if name.endswith("-floor"):
             plain = configs[name.removesuffix("-floor")]
             assert config["advantage"]["init_args"]["eps"] == 0.05 and plain["advantage"]["init_args"]["eps"] == 1e-8
