@@ -103,6 +103,9 @@ def paper_value(result: dict[str, Any], quantity: str, name: str) -> float | Non
     return numeric((section.get("values") or {}).get(name))
 
 
+_NO_REFERENCE = {"counted_mean": 0.0, "predicted_mean": 0.0, "all_equal": True}
+
+
 def aggregate(result: dict[str, Any]) -> dict[str, Any]:
     """Per algorithm: its seeds' runs summarised (s/iter over per-seed medians with a bootstrap interval; counts,
     phases and the cost model pooled over seeds, which run the same recipe)."""
@@ -115,6 +118,7 @@ def aggregate(result: dict[str, Any]) -> dict[str, Any]:
         pred_keys = (
             "rollout_forward_s",
             "train_fwd_bwd_s",
+            "reference_forward_s",
             "decode_reward_s",
             "total_s",
             "rollout_batch",
@@ -141,6 +145,12 @@ def aggregate(result: dict[str, Any]) -> dict[str, Any]:
                 "counted_mean": mean([r["train_forwards"]["counted_mean"] for r in runs]),
                 "predicted_mean": mean([r["train_forwards"]["predicted_mean"] for r in runs]),
                 "all_equal": all(r["train_forwards"]["all_equal"] for r in runs),
+            },
+            # bench.json files from before the split counted reference forwards as training rows: none here
+            "reference_forwards": {
+                "counted_mean": mean([r.get("reference_forwards", _NO_REFERENCE)["counted_mean"] for r in runs]),
+                "predicted_mean": mean([r.get("reference_forwards", _NO_REFERENCE)["predicted_mean"] for r in runs]),
+                "all_equal": all(r.get("reference_forwards", _NO_REFERENCE)["all_equal"] for r in runs),
             },
             "phases_mean_s": {p: mean([r["phases_mean_s"].get(p) for r in runs]) for p in PHASES},
             "overhead_s": mean([r["overhead_s"] for r in runs]),

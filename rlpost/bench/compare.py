@@ -106,6 +106,13 @@ def _time_ratio(
     return ratio
 
 
+def _counted_rows(algo: dict[str, Any]) -> float:
+    """Transformer rows per iteration: rollout forwards, training forward+backward rows and a KL term's reference
+    forwards (absent, i.e. counted with the training rows, in bench.json files of older benches)."""
+    reference = algo.get("reference_forwards", {}).get("counted_mean", 0.0)
+    return float(algo["rollout_forwards"]["counted_mean"] + algo["train_forwards"]["counted_mean"] + reference)
+
+
 def comparisons(result: dict[str, Any]) -> dict[str, Any]:
     """Held-out metrics at equal iterations and equal wall time, reward levels, ratios and the stated conclusions.
 
@@ -196,8 +203,7 @@ def comparisons(result: dict[str, Any]) -> dict[str, Any]:
                 if entry["cost_model"] and numeric(entry["s_per_iter"]["mean"]) is not None
                 else None
             )
-            rows_f = fa["rollout_forwards"]["counted_mean"] + fa["train_forwards"]["counted_mean"]
-            rows_r = ra["rollout_forwards"]["counted_mean"] + ra["train_forwards"]["counted_mean"]
+            rows_f, rows_r = _counted_rows(fa), _counted_rows(ra)
             entry["counted_rows"] = rows_r / rows_f if rows_f else None
             entry["s_per_iter_vs_1"] = stats.verdict(entry["s_per_iter"], (1.0, 1.0))
             for qty in PAPER_QUANTITIES:

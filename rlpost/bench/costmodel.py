@@ -129,12 +129,14 @@ def predicted_counts(recipe: Recipe) -> dict[str, float]:
     run = recipe.run
     c = step_counts(recipe)
     expected = recipe.sampler.expected_rollout_forwards(run.groups_per_step, run.samples_per_group)
+    train = c.train_forwards * recipe.optimizer.inner_epochs
     return {
         "images": float(c.images),
         "trainable_edges": float(c.trainable_edges),
         "rollout_forwards": float(c.rollout_forwards),
         "rollout_forwards_expected": float(expected),
-        "train_forwards": float(c.train_forwards * recipe.optimizer.inner_epochs),
+        "train_forwards": float(train),
+        "reference_forwards": float(train * recipe.optimizer.reference_forwards_per_train_forward()),
     }
 
 
@@ -144,12 +146,14 @@ def predict_seconds(recipe: Recipe, calib: Calibration) -> dict[str, float]:
     rollout_b, train_b = nominal_batches(recipe, step_counts(recipe))
     rollout = pred["rollout_forwards_expected"] * calib.per_row("forward", rollout_b)
     train = pred["train_forwards"] * calib.per_row("fwd_bwd", train_b)
+    reference = pred["reference_forwards"] * calib.per_row("forward", train_b)  # a KL term's no-grad forwards
     decode_reward = pred["images"] * calib.decode_reward_s_per_image
     return {
         "rollout_forward_s": rollout,
         "train_fwd_bwd_s": train,
+        "reference_forward_s": reference,
         "decode_reward_s": decode_reward,
-        "total_s": rollout + train + decode_reward,
+        "total_s": rollout + train + reference + decode_reward,
         "rollout_batch": rollout_b,
         "train_batch": train_b,
     }

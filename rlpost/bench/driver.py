@@ -146,6 +146,7 @@ class Bench:
         wall = time.perf_counter() - t0
         pred = predicted_counts(state.recipe)  # after the step: the counts of the draws its begin_step made
         mid = self.probe.after_rollout.get(id(runner.ctx), before)
+        reference = int(metrics.get("perf/reference_forwards", 0))  # the update's forwards include a KL reference's
         state.cumulative_s += wall
         record = IterRecord(
             iteration=runner.ctx.step,
@@ -153,7 +154,8 @@ class Bench:
             cumulative_s=state.cumulative_s,
             phases={p: state.phases.current.get(p, 0.0) for p in PHASES},
             rollout_forwards=mid - before,
-            train_forwards=policy.forward_count - mid,
+            train_forwards=policy.forward_count - mid - reference,
+            reference_forwards=reference,
             predicted=pred,
             images=int(metrics.get("perf/images", 0)),
             trainable_edges=int(metrics.get("train/edges", 0)),
@@ -191,6 +193,7 @@ class Bench:
             self.log(
                 f"[bench] {state.tag:>13} it {it:3d} {rec.wall_s:6.2f}s (total {state.cumulative_s:7.1f}s)"
                 f" reward {rec.reward:.3f} rows {rec.rollout_forwards}+{rec.train_forwards}"
+                + (f"+{rec.reference_forwards} ref" if rec.reference_forwards else "")
             )
             if self.spec.eval_every > 0 and it % self.spec.eval_every == 0 and not self._finished(state):
                 self._evaluate(state)

@@ -59,6 +59,8 @@ class IterRecord:
     trainable_edges: int
     reward: float
     peak_mem_gb: float | None
+    reference_forwards: int = 0
+    """No-grad reference-policy forwards of the update (a KL term's), counted apart from ``train_forwards``."""
 
 
 @dataclass
@@ -129,6 +131,8 @@ def run_result(state: AlgoState, calib: Calibration) -> dict[str, Any]:
     counted_train = [r.train_forwards for r in iters]
     pred_roll = [r.predicted["rollout_forwards"] for r in iters]
     pred_train = [r.predicted["train_forwards"] for r in iters]
+    counted_ref = [r.reference_forwards for r in iters]
+    pred_ref = [r.predicted.get("reference_forwards", 0.0) for r in iters]
     peaks = [r.peak_mem_gb for r in iters if r.peak_mem_gb is not None]
     return {
         "algorithm": state.spec.name,
@@ -160,6 +164,11 @@ def run_result(state: AlgoState, calib: Calibration) -> dict[str, Any]:
             "counted_mean": mean(counted_train),
             "predicted_mean": mean(pred_train),
             "all_equal": counted_train == [int(v) for v in pred_train],
+        },
+        "reference_forwards": {
+            "counted_mean": mean(counted_ref),
+            "predicted_mean": mean(pred_ref),
+            "all_equal": counted_ref == [int(v) for v in pred_ref],
         },
         "phases_mean_s": phases,
         "overhead_s": overhead,

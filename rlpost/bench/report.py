@@ -4,6 +4,7 @@ levels, conclusions, counts, cost model and phases), ``bench.json``, the plot an
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -89,17 +90,21 @@ def markdown(result: dict[str, Any]) -> str:
         "## Work per iteration: counted (policy.forward_count) vs cost model (Sampler.step_counts), all seeds pooled",
         "",
         "| Method | preset | images | trainable edges | rollout fwd counted | rollout fwd predicted | "
-        "train fwd+bwd counted | train fwd+bwd predicted | counts match (every iteration of every seed) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "train fwd+bwd counted | train fwd+bwd predicted | reference fwd (KL) counted | reference fwd predicted | "
+        "counts match (every iteration of every seed) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for a in algos.values():
         rf, tf = a["rollout_forwards"], a["train_forwards"]
+        ref = a.get("reference_forwards", {"counted_mean": 0.0, "predicted_mean": 0.0, "all_equal": True})
+        match = rf["all_equal"] and tf["all_equal"] and ref["all_equal"]
         lines.append(
             f"| {a['label']} | {a['preset']} | {fmt(a['images_per_iter'], '.0f')} | "
             f"{fmt(a['trainable_edges_per_iter'], '.0f')} | "
             f"{fmt(rf['counted_mean'], '.1f')} | {fmt(rf['predicted_mean'], '.1f')} "
             f"(E={fmt(rf['predicted_expected'], '.1f')}) | {fmt(tf['counted_mean'], '.1f')} | "
-            f"{fmt(tf['predicted_mean'], '.1f')} | {'yes' if rf['all_equal'] and tf['all_equal'] else 'NO'} |"
+            f"{fmt(tf['predicted_mean'], '.1f')} | {fmt(ref['counted_mean'], '.1f')} | "
+            f"{fmt(ref['predicted_mean'], '.1f')} | {'yes' if match else 'NO'} |"
         )
     c = result["calibration"]
     lines += [
@@ -113,17 +118,19 @@ def markdown(result: dict[str, Any]) -> str:
         )
         + f"; decode+reward {c['decode_reward_s_per_image'] * 1e3:.2f} ms per image.",
         "",
-        "| Method | preset | rollout batch | train batch | predicted rollout s | predicted train s | "
-        "predicted decode+reward s | predicted s/iter | measured s/iter (mean of seeds' medians) | "
-        "measured / predicted |",
+        "| Method | preset | rollout batch | train batch | predicted rollout s | "
+        "predicted train s (incl. reference fwd) | predicted decode+reward s | predicted s/iter | "
+        "measured s/iter (mean of seeds' medians) | measured / predicted |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for a in algos.values():
         p = a["predicted_s_per_iter"]
+        ref_s = numeric(p.get("reference_forward_s"))  # absent (NaN after pooling) in older benches' bench.json
+        ref_s = ref_s if ref_s is not None and math.isfinite(ref_s) else 0.0
         measured = numeric(a["s_per_iter"].get("mean"))
         lines.append(
             f"| {a['label']} | {a['preset']} | {fmt(p['rollout_batch'], '.0f')} | {fmt(p['train_batch'], '.1f')} | "
-            f"{fmt(p['rollout_forward_s'], '.2f')} | {fmt(p['train_fwd_bwd_s'], '.2f')} | "
+            f"{fmt(p['rollout_forward_s'], '.2f')} | {fmt(p['train_fwd_bwd_s'] + ref_s, '.2f')} | "
             f"{fmt(p['decode_reward_s'], '.2f')} | {fmt(p['total_s'], '.2f')} | {fmt(measured, '.2f')}"
             f" | {fmt(measured / p['total_s'] if measured is not None and p['total_s'] else None, '.2f')} |"
         )

@@ -185,6 +185,10 @@ class ClippedSurrogate(PolicyOptimizer):
             )
         return problems
 
+    def reference_forwards_per_train_forward(self) -> int:
+        """One reference evaluation of each minibatch when the KL term is on (``_minibatch_loss``), else none."""
+        return 1 if self.kl_coef > 0 else 0
+
     def steps_per_pass(self, global_units: int) -> int:
         """Optimizer steps per pass for ``global_units`` units in the step (summed over ranks)."""
         if self.units_per_step is not None:

@@ -401,6 +401,14 @@ class PolicyOptimizer(Component):
     """Most edges per forward/backward chunk (a memory budget); 0: all of a step's edges at once. Cost models read
     it to know the batch size the update's transformer calls run at."""
 
+    def reference_forwards_per_train_forward(self) -> int:
+        """No-grad forwards of a frozen reference policy (a KL term's) per training forward; 0 without one.
+
+        Cost models count ``StepCounts.train_forwards * inner_epochs *`` this many forward-only rows per step on top of
+        the update's forward+backward rows, and the update logs them as ``perf/reference_forwards``.
+        """
+        return 0
+
     @abstractmethod
     def update(self, ctx: UpdateContext) -> dict[str, float]:
         """Run the update for one step and return metrics (``loss/*``, ``train/*``, ``kl/*``)."""

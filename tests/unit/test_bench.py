@@ -81,11 +81,19 @@ def test_counted_forwards_equal_the_cost_model(tiny_result: tuple[Path, dict]) -
         it = run["iters"][0]
         assert it["rollout_forwards"] == it["predicted"]["rollout_forwards"], key
         assert it["train_forwards"] == it["predicted"]["train_forwards"], key
+        assert it["reference_forwards"] == it["predicted"]["reference_forwards"], key
+        # the tiny bench's treegrpo-code arm has a KL term: one reference forward per training forward
+        assert it["reference_forwards"] == (it["train_forwards"] if key.startswith("treegrpo-code/") else 0), key
         assert it["images"] == it["predicted"]["images"], key
         assert it["trainable_edges"] == it["predicted"]["trainable_edges"], key
         assert run["rollout_forwards"]["all_equal"] and run["train_forwards"]["all_equal"], key
+        assert run["reference_forwards"]["all_equal"], key
     for name, algo in result["algorithms"].items():
         assert algo["rollout_forwards"]["all_equal"] and algo["train_forwards"]["all_equal"], name
+        assert algo["reference_forwards"]["all_equal"], name
+    kl = result["algorithms"]["treegrpo-code"]
+    assert kl["reference_forwards"]["counted_mean"] == kl["train_forwards"]["counted_mean"] > 0
+    assert kl["predicted_s_per_iter"]["reference_forward_s"] > 0
 
 
 def _validated_algorithms(spec: bench.BenchSpec) -> dict[str, dict[str, Any]]:

@@ -374,3 +374,10 @@ def test_validate_accepts_upstream_layouts():
     assert ClippedSurrogate(units_per_step=16, accumulation_unit="sample").validate(chains) == []
     assert ClippedSurrogate(optimizer_steps=2, loss_normalisation="parent").validate(tree) == []
     assert ClippedSurrogate(optimizer_steps=5).validate(tree) == []  # 52 parents need not divide by 5
+
+
+def test_reference_forwards_are_declared_only_with_a_kl_term():
+    """Cost models read this to count the KL reference's no-grad forwards (the tiny bench checks it against the
+    forwards actually run, tests/unit/test_bench.py)."""
+    assert ClippedSurrogate().reference_forwards_per_train_forward() == 0
+    assert ClippedSurrogate(kl_coef=0.1).reference_forwards_per_train_forward() == 1
