@@ -37,14 +37,21 @@ def numeric(value: Any) -> float | None:
 
 
 def upgrade_legacy(result: dict[str, Any]) -> dict[str, Any]:
-    """A ``bench.json`` written before seeds existed (``algorithms`` holding single runs, no ``runs``) as one run per
-    algorithm with the recipe's seed (recorded as 0), so ``--report-only`` can re-render it."""
-    if "runs" in result:
-        return result
-    algos = result.get("algorithms", {})
-    result["runs"] = {run_key(n, 0): {**a, "algorithm": n, "seed": 0} for n, a in algos.items()}
-    spec = result.setdefault("spec", {})
-    spec.setdefault("algorithms", [{"name": n, "label": a.get("label", n)} for n, a in algos.items()])
+    """An older ``bench.json`` in the current shape, so ``--report-only`` can re-render it.
+
+    * Written before seeds existed (``algorithms`` holding single runs, no ``runs``): one run per algorithm with the
+      recipe's seed (recorded as 0).
+    * Written before a KL term's reference forwards were counted apart: they are inside the training rows there, so
+      the runs record no reference forwards and no predicted reference time.
+    """
+    if "runs" not in result:
+        algos = result.get("algorithms", {})
+        result["runs"] = {run_key(n, 0): {**a, "algorithm": n, "seed": 0} for n, a in algos.items()}
+        spec = result.setdefault("spec", {})
+        spec.setdefault("algorithms", [{"name": n, "label": a.get("label", n)} for n, a in algos.items()])
+    for run in result["runs"].values():
+        run.setdefault("reference_forwards", {"counted_mean": 0.0, "predicted_mean": 0.0, "all_equal": True})
+        run.setdefault("predicted_s_per_iter", {}).setdefault("reference_forward_s", 0.0)
     return result
 
 
@@ -103,9 +110,6 @@ def paper_value(result: dict[str, Any], quantity: str, name: str) -> float | Non
     return numeric((section.get("values") or {}).get(name))
 
 
-_NO_REFERENCE = {"counted_mean": 0.0, "predicted_mean": 0.0, "all_equal": True}
-
-
 def aggregate(result: dict[str, Any]) -> dict[str, Any]:
     """Per algorithm: its seeds' runs summarised (s/iter over per-seed medians with a bootstrap interval; counts,
     phases and the cost model pooled over seeds, which run the same recipe)."""
@@ -146,11 +150,10 @@ def aggregate(result: dict[str, Any]) -> dict[str, Any]:
                 "predicted_mean": mean([r["train_forwards"]["predicted_mean"] for r in runs]),
                 "all_equal": all(r["train_forwards"]["all_equal"] for r in runs),
             },
-            # bench.json files from before the split counted reference forwards as training rows: none here
             "reference_forwards": {
-                "counted_mean": mean([r.get("reference_forwards", _NO_REFERENCE)["counted_mean"] for r in runs]),
-                "predicted_mean": mean([r.get("reference_forwards", _NO_REFERENCE)["predicted_mean"] for r in runs]),
-                "all_equal": all(r.get("reference_forwards", _NO_REFERENCE)["all_equal"] for r in runs),
+                "counted_mean": mean([r["reference_forwards"]["counted_mean"] for r in runs]),
+                "predicted_mean": mean([r["reference_forwards"]["predicted_mean"] for r in runs]),
+                "all_equal": all(r["reference_forwards"]["all_equal"] for r in runs),
             },
             "phases_mean_s": {p: mean([r["phases_mean_s"].get(p) for r in runs]) for p in PHASES},
             "overhead_s": mean([r["overhead_s"] for r in runs]),

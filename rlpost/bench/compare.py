@@ -108,9 +108,8 @@ def _time_ratio(
 
 def _counted_rows(algo: dict[str, Any]) -> float:
     """Transformer rows per iteration: rollout forwards, training forward+backward rows and a KL term's reference
-    forwards (absent, i.e. counted with the training rows, in bench.json files of older benches)."""
-    reference = algo.get("reference_forwards", {}).get("counted_mean", 0.0)
-    return float(algo["rollout_forwards"]["counted_mean"] + algo["train_forwards"]["counted_mean"] + reference)
+    forwards."""
+    return float(sum(algo[k]["counted_mean"] for k in ("rollout_forwards", "train_forwards", "reference_forwards")))
 
 
 def comparisons(result: dict[str, Any]) -> dict[str, Any]:

@@ -54,13 +54,13 @@ class IterRecord:
     phases: dict[str, float]
     rollout_forwards: int
     train_forwards: int
+    reference_forwards: int
+    """No-grad reference-policy forwards of the update (a KL term's), counted apart from ``train_forwards``."""
     predicted: dict[str, float]
     images: int
     trainable_edges: int
     reward: float
     peak_mem_gb: float | None
-    reference_forwards: int = 0
-    """No-grad reference-policy forwards of the update (a KL term's), counted apart from ``train_forwards``."""
 
 
 @dataclass
@@ -132,7 +132,7 @@ def run_result(state: AlgoState, calib: Calibration) -> dict[str, Any]:
     pred_roll = [r.predicted["rollout_forwards"] for r in iters]
     pred_train = [r.predicted["train_forwards"] for r in iters]
     counted_ref = [r.reference_forwards for r in iters]
-    pred_ref = [r.predicted.get("reference_forwards", 0.0) for r in iters]
+    pred_ref = [r.predicted["reference_forwards"] for r in iters]
     peaks = [r.peak_mem_gb for r in iters if r.peak_mem_gb is not None]
     return {
         "algorithm": state.spec.name,

@@ -4,7 +4,6 @@ levels, conclusions, counts, cost model and phases), ``bench.json``, the plot an
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +95,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for a in algos.values():
         rf, tf = a["rollout_forwards"], a["train_forwards"]
-        ref = a.get("reference_forwards", {"counted_mean": 0.0, "predicted_mean": 0.0, "all_equal": True})
+        ref = a["reference_forwards"]
         match = rf["all_equal"] and tf["all_equal"] and ref["all_equal"]
         lines.append(
             f"| {a['label']} | {a['preset']} | {fmt(a['images_per_iter'], '.0f')} | "
@@ -125,12 +124,10 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for a in algos.values():
         p = a["predicted_s_per_iter"]
-        ref_s = numeric(p.get("reference_forward_s"))  # absent (NaN after pooling) in older benches' bench.json
-        ref_s = ref_s if ref_s is not None and math.isfinite(ref_s) else 0.0
         measured = numeric(a["s_per_iter"].get("mean"))
         lines.append(
             f"| {a['label']} | {a['preset']} | {fmt(p['rollout_batch'], '.0f')} | {fmt(p['train_batch'], '.1f')} | "
-            f"{fmt(p['rollout_forward_s'], '.2f')} | {fmt(p['train_fwd_bwd_s'] + ref_s, '.2f')} | "
+            f"{fmt(p['rollout_forward_s'], '.2f')} | {fmt(p['train_fwd_bwd_s'] + p['reference_forward_s'], '.2f')} | "
             f"{fmt(p['decode_reward_s'], '.2f')} | {fmt(p['total_s'], '.2f')} | {fmt(measured, '.2f')}"
             f" | {fmt(measured / p['total_s'] if measured is not None and p['total_s'] else None, '.2f')} |"
         )

@@ -260,6 +260,7 @@ def _run(name: str, seed: int, times: list[float], values: dict[str, list[float]
             "all_equal": True,
         },
         "train_forwards": {"counted_mean": 2.0, "predicted_mean": 2.0, "all_equal": True},
+        "reference_forwards": {"counted_mean": 0.0, "predicted_mean": 0.0, "all_equal": True},
         "phases_mean_s": phases,
         "overhead_s": 0.05,
         "overhead_fraction": 0.05,
@@ -267,6 +268,7 @@ def _run(name: str, seed: int, times: list[float], values: dict[str, list[float]
             "total_s": s_iter,
             "rollout_forward_s": s_iter,
             "train_fwd_bwd_s": 0.0,
+            "reference_forward_s": 0.0,
             "decode_reward_s": 0.0,
             "rollout_batch": 8.0,
             "train_batch": 2.0,
@@ -388,11 +390,14 @@ def test_overlapping_seeds_are_reported_not_separated_and_unreached_levels_hones
 
 
 def test_report_only_reads_a_single_seed_bench_json(tmp_path: Path) -> None:
-    """A bench.json from before seeds (no ``runs``; ``algorithms`` are single runs) re-renders as n=1 per algorithm."""
+    """A bench.json from before seeds (no ``runs``; ``algorithms`` are single runs) and before reference forwards
+    were counted apart re-renders as n=1 per algorithm."""
     legacy = {}
     for name, s_iter in (("a", 1.0), ("b", 2.0)):
         run = _run(name, 0, [0, 1, 2], {"eval/r": [0.1, 0.2, 0.3]}, s_iter)
-        legacy[name] = {k: v for k, v in run.items() if k not in ("algorithm", "seed", "preset", "train_rewards")}
+        old_keys = ("algorithm", "seed", "preset", "train_rewards", "reference_forwards")
+        legacy[name] = {k: v for k, v in run.items() if k not in old_keys}
+        del legacy[name]["predicted_s_per_iter"]["reference_forward_s"]
     old = {
         "machine": _machine(),
         "calibration": _calib(),
