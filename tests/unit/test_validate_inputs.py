@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from rlpost.apps import cli
+from rlpost.apps.host import build_host
 from rlpost.components.prompts import HFDatasetPrompts, PromptFile
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import device_problem
@@ -21,7 +22,7 @@ from tests.weights_standins import write_sd3_standin
 
 @pytest.fixture
 def host() -> PluginHost:
-    return PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    return build_host(load_entrypoints=False, extra_plugins=(toy_components,))
 
 
 # ------------------------------------------------------------------------------------------------- devices
