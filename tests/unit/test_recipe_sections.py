@@ -14,7 +14,7 @@ import pytest
 
 from rlpost.apps.host import build_host
 from rlpost.engine.checkpoint import CheckpointConfig
-from rlpost.engine.distributed import DistributedConfig
+from rlpost.engine.distributed_config import DistributedConfig
 from rlpost.engine.ema import EMAConfig
 from rlpost.engine.evaluation import EvalSettings
 from rlpost.engine.guards import GuardConfig
