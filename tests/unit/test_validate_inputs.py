@@ -10,7 +10,8 @@ import yaml
 
 from rlpost.apps import cli
 from rlpost.apps.host import build_host
-from rlpost.components.prompts import HFDatasetPrompts, PromptFile
+from rlpost.components.hub_prompts import HFDatasetPrompts
+from rlpost.components.prompt_sources import PromptFile
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import device_problem
 from rlpost.models._common import LoraSpec
