@@ -14,7 +14,7 @@ from rlpost.components.hub_prompts import HFDatasetPrompts
 from rlpost.components.prompt_sources import PromptFile
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import device_problem
-from rlpost.models._common import LoraSpec
+from rlpost.models.adapter_settings import LoraSpec
 from rlpost.models.sd3 import SD3Policy
 from tests import toy_components
 from tests.toy_components import toy_recipe
