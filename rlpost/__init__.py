@@ -46,7 +46,8 @@ from rlpost.core.context import RecipeView, RunContext, RunSettings
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
-from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, dpm_solver_pp2_step, make_kernel
+from rlpost.ops.dpm_solver import dpm_solver_pp2_step
+from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, make_kernel
 from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
 from rlpost.ops.schedules import TIME_GRIDS, clean_tail_steps, shifted_tail_sigmas, subsampled_indices, time_shift
