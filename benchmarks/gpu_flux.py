@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from gpu_sd35 import SD35_VAE  # benchmarks/ is not a package: gpu_speed.py puts it on sys.path
 
-from rlpost.models.tiny import FLUX1_SCHEDULER_CONFIG, assemble_flux_pipeline, flux_text_encoders, sd3_tokenizers
+from rlpost.models.tiny import FLUX1_SCHEDULER_CONFIG, assemble_flux_pipeline
+from rlpost.models.tiny_text import flux_text_encoders, sd3_tokenizers
 
 FLUX1_DEV_TRANSFORMER: dict[str, Any] = {
     # black-forest-labs/FLUX.1-dev, transformer/config.json

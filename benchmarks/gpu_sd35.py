@@ -110,7 +110,8 @@ def build_random_sd35(out_dir: Path, num_layers: int | None = None, device: str 
     if (out_dir / "model_index.json").is_file():
         return out_dir
     diffusers: Any = importlib.import_module("diffusers")
-    from rlpost.models.tiny import assemble_sd3_pipeline, build_text_encoders, sd3_tokenizers
+    from rlpost.models.tiny import assemble_sd3_pipeline
+    from rlpost.models.tiny_text import build_text_encoders, sd3_tokenizers
 
     cfg = dict(SD35_MEDIUM_TRANSFORMER)
     if num_layers is not None:

@@ -110,7 +110,7 @@ def preset_config(
 
 def cmd_run(ns: argparse.Namespace) -> int:
     """Time ``--iterations`` steps of one preset and write a JSON record."""
-    from rlpost.core.plugins import get_host
+    from rlpost.apps.host import get_host
     from rlpost.engine.recipe import validate
     from rlpost.engine.runner import Runner
 

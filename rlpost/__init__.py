@@ -46,29 +46,20 @@ from rlpost.core.context import RecipeView, RunContext, RunSettings
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
-from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, dpm_solver_pp2_step, make_kernel
+from rlpost.ops.dpm_solver import dpm_solver_pp2_step
+from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, make_kernel
 from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
 from rlpost.ops.schedules import TIME_GRIDS, clean_tail_steps, shifted_tail_sigmas, subsampled_indices, time_shift
 
 if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/transformers
-    from rlpost.models._common import (
-        DiffusersTransformerPolicy,
-        LoraSpec,
-        PromptCache,
-        cached_snapshot,
-        check_pipeline_dir,
-        resolve_dtype,
-    )
+    from rlpost.models._common import DiffusersTransformerPolicy, PromptCache
+    from rlpost.models.adapter_settings import LoraSpec, resolve_dtype
     from rlpost.models.flux import FluxPolicy
+    from rlpost.models.pipeline_dir import cached_snapshot, check_pipeline_dir
     from rlpost.models.sd3 import SD3Policy
-    from rlpost.models.tiny import (
-        assemble_sd3_pipeline,
-        build_clip_tokenizer,
-        build_text_encoders,
-        sd3_tokenizers,
-        t5_vocab,
-    )
+    from rlpost.models.tiny import assemble_sd3_pipeline
+    from rlpost.models.tiny_text import build_clip_tokenizer, build_text_encoders, sd3_tokenizers, t5_vocab
 
 __all__ = [
     "AdvantageEstimator",
@@ -140,17 +131,17 @@ __all__ = [
 _LAZY = {
     "DiffusersTransformerPolicy": "rlpost.models._common",
     "FluxPolicy": "rlpost.models.flux",
-    "LoraSpec": "rlpost.models._common",
+    "LoraSpec": "rlpost.models.adapter_settings",
     "PromptCache": "rlpost.models._common",
     "SD3Policy": "rlpost.models.sd3",
-    "build_clip_tokenizer": "rlpost.models.tiny",
-    "cached_snapshot": "rlpost.models._common",
-    "check_pipeline_dir": "rlpost.models._common",
-    "resolve_dtype": "rlpost.models._common",
+    "build_clip_tokenizer": "rlpost.models.tiny_text",
+    "cached_snapshot": "rlpost.models.pipeline_dir",
+    "check_pipeline_dir": "rlpost.models.pipeline_dir",
+    "resolve_dtype": "rlpost.models.adapter_settings",
     "assemble_sd3_pipeline": "rlpost.models.tiny",
-    "build_text_encoders": "rlpost.models.tiny",
-    "sd3_tokenizers": "rlpost.models.tiny",
-    "t5_vocab": "rlpost.models.tiny",
+    "build_text_encoders": "rlpost.models.tiny_text",
+    "sd3_tokenizers": "rlpost.models.tiny_text",
+    "t5_vocab": "rlpost.models.tiny_text",
 }
 
 

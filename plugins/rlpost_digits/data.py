@@ -51,7 +51,7 @@ DIGIT_WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "
 #   pretrain: the only templates the generator saw in pretraining (rlpost_digits.pretrain);
 #   rl:       never seen in pretraining; RL post-training trains on them (the base model leaves headroom there);
 #   eval:     never seen in pretraining nor in RL; evaluation only, to measure transfer to unseen phrasings.
-# Every word is in the shipped T5 vocabulary (rlpost_digits.pretrain._EXTRA_T5_WORDS and rlpost.models.tiny) and
+# Every word is in the shipped T5 vocabulary (rlpost_digits.pretrain._EXTRA_T5_WORDS and rlpost.models.tiny_text) and
 # every prompt fits both token budgets, so no prompt is truncated (tests/unit/digits/test_digits.py checks this).
 TRAIN_TEMPLATES: tuple[str, ...] = (
     "a handwritten digit {n}",

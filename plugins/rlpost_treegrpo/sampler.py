@@ -8,7 +8,7 @@ Per prompt group and tree, with schedule ``σ_0 = 1 > … > σ_T = 0`` and windo
   forward per step, chunked by ``chunk_size`` rows);
 * steps ``t ∈ [i, i+d)``: every frontier node is evaluated **once**, then ``k`` children are drawn around the same
   step Gaussian ``N(μ, s²I)`` of the SDE kernel; each child edge records ``log π_old`` and is trainable;
-* steps ``t ≥ i+d``: ODE steps of all ``k^d`` leaves of every tree (batched);
+* steps ``t ≥ i+d``: the tail, ODE steps of all ``k^d`` leaves of every tree (batched; :mod:`rlpost_treegrpo.tails`);
 * the final states (``σ_T = 0``) are decoded and scored.
 
 Topology choice (documented in ``docs/algorithms/treegrpo.md``): **every** step is recorded as an edge, so the node
@@ -25,7 +25,6 @@ rollout statistic ``tree/window_start``; in-process readers (the bench) use the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, Literal
@@ -43,34 +42,33 @@ from rlpost import (
     Sampler,
     StepCounts,
     StepKernel,
-    dpm_solver_pp2_step,
     evaluate_edges,
     frontier_velocity,
     make_kernel,
-    shifted_tail_sigmas,
-    subsampled_indices,
+)
+from rlpost_treegrpo.noise import NoiseSource, PerGroupNoise, SharedNoise
+from rlpost_treegrpo.tails import (
+    DPM_TAIL_KERNEL,
+    TailGrid,
+    TailSolver,
+    TailStepper,
+    tail_nfe,
+    tail_problems,
+    tail_sigmas,
 )
 from rlpost_treegrpo.window import (
     WindowLaw,
-    draw_window_start,
     expected_value,
     num_starts,
-    progressive_start,
-    window_probs,
+    window_law_problems,
+    window_law_probs,
+    window_law_repr,
+    window_law_start,
 )
 
-__all__ = ["DPM_TAIL_KERNEL", "TailGrid", "TailSolver", "TreeSampler"]
+__all__ = ["TreeSampler"]
 
 SDEKernelName = Literal["flow-sde", "dance-sde", "cps"]
-
-TailSolver = Literal["full", "euler", "dpm-solver++"]
-"""How the leaves are brought from the window's end to the image (see :class:`TreeSampler`, ``tail``)."""
-
-TailGrid = Literal["run", "compressed"]
-"""Which noise levels a shortened tail visits (see :class:`TreeSampler`, ``tail_grid``)."""
-
-DPM_TAIL_KERNEL = "dpm-solver++2"
-"""Kernel name recorded for the deterministic DPM-Solver++ (2M) tail edges (never evaluated; NaN log-prob)."""
 
 
 class TreeSampler(Sampler):
@@ -100,12 +98,10 @@ class TreeSampler(Sampler):
         chunk_size: Maximum rows per transformer forward and per VAE decode (a memory budget; results do not
             depend on it beyond floating-point batch effects).
         ode_kernel: Deterministic kernel outside the window (only ``"ode"``, the Euler step, is supported).
-        tail: How leaves go from the window's end to ``σ = 0`` (beyond the paper; the leaves need a good final image,
-            not log-probs). ``"full"`` (the paper's and the official code's): one Euler ODE step per remaining step
-            of the run's grid. ``"euler"``: Euler steps on the tail grid below. ``"dpm-solver++"``: multistep
-            DPM-Solver++ (2M, data prediction; order 1 at the tail's first and final step) on the tail grid, as
-            MixGRPO-Flash runs after its window (``Tencent-Hunyuan/MixGRPO``
-            ``fastvideo/utils/sampling_utils.py``@e5cdd6a, ``dpm_step``).
+        tail: How leaves go from the window's end to ``σ = 0`` (beyond the paper: :mod:`rlpost_treegrpo.tails`).
+            ``"full"`` (the paper's and the official code's): one Euler ODE step per remaining step of the run's
+            grid. ``"euler"``: Euler steps on the tail grid below. ``"dpm-solver++"``: multistep DPM-Solver++ (2M,
+            data prediction; order 1 at the tail's first and final step) on the tail grid, as MixGRPO-Flash.
         tail_steps: Transformer evaluations per leaf in the tail: ``min(tail_steps, T-i-d)`` (``null``: every
             remaining step, ``T-i-d``). Only with ``tail`` ``"euler"`` or ``"dpm-solver++"``.
         tail_grid: ``"run"``: ``tail_steps`` evenly spread points of the run's own remaining grid (end points kept);
@@ -184,8 +180,7 @@ class TreeSampler(Sampler):
 
     def tail_nfe(self, start: int) -> int:
         """Transformer evaluations per leaf after a window starting at ``start``: ``min(tail_steps, T-i-d)``."""
-        remaining = self.num_steps - start - self.depth
-        return remaining if self.tail_steps is None else min(self.tail_steps, remaining)
+        return tail_nfe(self.num_steps - start - self.depth, self.tail_steps)
 
     def schedule(self, sigmas: Tensor, start: int) -> Tensor:
         """The rollout's noise levels for window start ``start``: the run's grid up to the window's end, then the tail.
@@ -195,35 +190,13 @@ class TreeSampler(Sampler):
         node ``step`` indices then index this table (``Rollout.sigmas``), as for MixGRPO-Flash's tail.
         """
         sigmas = sigmas.detach().float().cpu()
-        end, steps = start + self.depth, self.num_steps
-        n = self.tail_nfe(start)
-        if self.tail_grid == "compressed":
-            tail = shifted_tail_sigmas(float(sigmas[end]), n, self.tail_shift)
-        elif n == steps - end:
-            return sigmas
-        else:
-            tail = sigmas[subsampled_indices(end, steps, n)]
-        return torch.cat([sigmas[: end + 1], tail[1:]])
-
-    _PROGRESSIVE_DEFAULTS: ClassVar[dict[str, Any]] = {"shift_interval": 50, "stride": 1, "roll_back": True}
-
-    def _progressive(self, name: str) -> Any:
-        """A ``progressive`` setting, or upstream's default when it is ``null``."""
-        value = getattr(self, name)
-        return self._PROGRESSIVE_DEFAULTS[name] if value is None else value
+        end = start + self.depth
+        return tail_sigmas(sigmas, self.num_steps, end, self.tail_nfe(start), self.tail_grid, self.tail_shift)
 
     def window_probs(self) -> Tensor:
         """``[T-d]`` float64 probability of each window start under the configured law (for ``progressive``: the
         share of steps spent at each start over one pass of the schedule)."""
-        return window_probs(
-            self.num_steps,
-            self.depth,
-            self.window,
-            self.ratio,
-            self.fixed_start,
-            stride=int(self._progressive("stride")),
-            roll_back=bool(self._progressive("roll_back")),
-        )
+        return window_law_probs(self)
 
     def validate(self, recipe: Any) -> list[str]:
         """Check the tree shape, the window law and the kernel (every problem names its field)."""
@@ -238,47 +211,12 @@ class TreeSampler(Sampler):
                 f"{p}.depth: must be in [1, num_steps - 1] = [1, {self.num_steps - 1}] so the window fits before the "
                 f"last step (starts 0 … T-d-1), got {self.depth}"
             )
-        if self.window == "geometric" and not 0.0 < self.ratio < 1.0:
-            problems.append(f"{p}.ratio: must be in (0, 1), got {self.ratio}")
-        if self.window == "fixed":
-            hi = num_starts(self.num_steps, self.depth) - 1
-            if self.fixed_start is None or not 0 <= self.fixed_start <= hi:
-                problems.append(f"{p}.fixed_start: window 'fixed' needs a start in [0, {hi}], got {self.fixed_start}")
-        elif self.fixed_start is not None:
-            problems.append(f"{p}.fixed_start: only used with window 'fixed' (window is {self.window!r})")
-        if self.window == "progressive":
-            if int(self._progressive("shift_interval")) < 1:
-                problems.append(f"{p}.shift_interval: must be >= 1 training step, got {self.shift_interval}")
-            if int(self._progressive("stride")) < 1:
-                problems.append(f"{p}.stride: must be >= 1 (use window 'fixed' for a frozen window), got {self.stride}")
-        else:
-            for name in ("shift_interval", "stride", "roll_back"):
-                if getattr(self, name) is not None:
-                    problems.append(f"{p}.{name}: only used with window 'progressive' (window is {self.window!r})")
-        if self.window not in ("geometric", "uniform", "fixed", "progressive"):
-            problems.append(
-                f"{p}.window: must be 'geometric', 'uniform', 'fixed' or 'progressive', got {self.window!r}"
-            )
+        problems += window_law_problems(p, self)
         if self.trees_per_prompt < 1:
             problems.append(f"{p}.trees_per_prompt: must be >= 1, got {self.trees_per_prompt}")
         if self.chunk_size < 1:
             problems.append(f"{p}.chunk_size: must be >= 1, got {self.chunk_size}")
-        if self.tail not in ("full", "euler", "dpm-solver++"):
-            problems.append(f"{p}.tail: must be 'full', 'euler' or 'dpm-solver++', got {self.tail!r}")
-        if self.tail_grid not in ("run", "compressed"):
-            problems.append(f"{p}.tail_grid: must be 'run' or 'compressed', got {self.tail_grid!r}")
-        if self.tail == "full":
-            if self.tail_steps is not None or self.tail_grid != "run":
-                problems.append(
-                    f"{p}.tail: 'full' runs every remaining step of the run's grid; tail_steps/tail_grid need tail "
-                    f"'euler' or 'dpm-solver++' (got tail_steps={self.tail_steps}, tail_grid={self.tail_grid!r})"
-                )
-        if self.tail_steps is not None and self.tail_steps < 1:
-            problems.append(f"{p}.tail_steps: must be >= 1 (or null for every remaining step), got {self.tail_steps}")
-        if self.tail_grid == "compressed" and self.tail_steps is None:
-            problems.append(f"{p}.tail_steps: tail_grid 'compressed' needs a number of tail steps, got null")
-        if not (math.isfinite(self.tail_shift) and self.tail_shift > 0):
-            problems.append(f"{p}.tail_shift: must be > 0, got {self.tail_shift}")
+        problems += tail_problems(p, self.tail, self.tail_steps, self.tail_grid, self.tail_shift)
         try:
             kernels = self.kernels
         except (TypeError, ValueError) as exc:
@@ -343,17 +281,7 @@ class TreeSampler(Sampler):
     def begin_step(self, step: int, generator: torch.Generator) -> None:
         """Set the step's window start: one draw from the law with the step's ``generator`` (one uniform), or the
         step's position on the ``progressive`` schedule (no draw). Every group and rank of the step shares it."""
-        if self.window == "progressive":
-            self.window_start = progressive_start(
-                step,
-                self.num_steps,
-                self.depth,
-                int(self._progressive("shift_interval")),
-                int(self._progressive("stride")),
-                bool(self._progressive("roll_back")),
-            )
-        else:
-            self.window_start = draw_window_start(self.window_probs(), generator)
+        self.window_start = window_law_start(self, step, generator)
 
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
         """Grow one tree per (prompt, tree index) with the step's window, decode its leaves and record every step as
@@ -366,7 +294,7 @@ class TreeSampler(Sampler):
         Raises:
             RuntimeError: When :meth:`begin_step` has not set the step's window start.
         """
-        return self._grow(policy, batch, _SharedNoise(generator, batch.num_groups))
+        return self._grow(policy, batch, SharedNoise(generator, batch.num_groups))
 
     def rollout_groups(self, policy: Policy, batch: PromptBatch, generators: Sequence[torch.Generator]) -> Rollout:
         """All of ``batch``'s groups in one forward per depth, group ``j`` drawing its noise from ``generators[j]``.
@@ -382,9 +310,9 @@ class TreeSampler(Sampler):
         """
         if len(generators) != batch.num_groups:
             raise ValueError(f"rollout_groups: {batch.num_groups} groups but {len(generators)} generators")
-        return self._grow(policy, batch, _PerGroupNoise(list(generators)))
+        return self._grow(policy, batch, PerGroupNoise(list(generators)))
 
-    def _grow(self, policy: Policy, batch: PromptBatch, noise: _NoiseSource) -> Rollout:
+    def _grow(self, policy: Policy, batch: PromptBatch, noise: NoiseSource) -> Rollout:
         if self.window_start is None:
             raise RuntimeError(
                 "TreeSampler.rollout: no window start; call begin_step(step, generator) first (the runner does, once "
@@ -404,8 +332,7 @@ class TreeSampler(Sampler):
         x = noise.initial(policy, self.trees_per_prompt).to(device, torch.float32)
         ids = builder.add_nodes(x, 0, groups)
         forwards = calls = 0
-        prev_sigma: Tensor | None = None  # DPM-Solver++ history: the previous *tail* step's σ and x̂0
-        prev_x0: Tensor | None = None
+        tail = TailStepper(self.tail, ode, self.logprob_reduction)
         for t in range(total):
             f = x.shape[0]
             sigma = sigmas[t].to(device).expand(f)
@@ -428,14 +355,10 @@ class TreeSampler(Sampler):
                 )
                 parents, groups = ids.repeat_interleave(k), groups.repeat_interleave(k)
                 x_next, log_prob, trainable, kernel_index = out.next_latents, out.log_prob, True, 0
-            elif t >= end and self.tail == "dpm-solver++":
-                # Order 1 at the tail's first step: the leaf's own trajectory has no earlier x̂0 (its parent's was
-                # predicted before the SDE noise was added); order 2 from then on, order 1 into σ = 0.
-                x_next, x0 = dpm_solver_pp2_step(x, v, sigma, sigma_next, prev_sigma, prev_x0)
-                prev_sigma, prev_x0 = sigma, x0
-                parents, trainable, kernel_index = ids, False, 2
-                log_prob = torch.full((f,), math.nan, dtype=torch.float64)
-            else:
+            elif t >= end:  # the leaves' tail (rlpost_treegrpo.tails)
+                x_next, log_prob, kernel_index = tail.step(x, v, sigma, sigma_next)
+                parents, trainable = ids, False
+            else:  # the trunk: Euler ODE steps
                 out = ode.step(x, v, sigma, sigma_next, None, self.logprob_reduction)
                 x_next, log_prob = out.next_latents, out.log_prob
                 parents, trainable, kernel_index = ids, False, 1
@@ -463,14 +386,8 @@ class TreeSampler(Sampler):
         return evaluate_edges(policy, rollout, edges, self.kernels, self.logprob_reduction)
 
     def __repr__(self) -> str:
-        law = (
-            f"window='progressive', every={self._progressive('shift_interval')}, stride={self._progressive('stride')}"
-            f", roll_back={self._progressive('roll_back')}"
-            if self.window == "progressive"
-            else f"window={self.window!r}, r={self.ratio}"
-        )
         return (
-            f"TreeSampler(T={self.num_steps}, k={self.k}, d={self.depth}, {law}, "
+            f"TreeSampler(T={self.num_steps}, k={self.k}, d={self.depth}, {window_law_repr(self)}, "
             f"kernel={self.kernel!r}{self.kernel_args or ''}, reduction={self.logprob_reduction!r}, "
             f"trees={self.trees_per_prompt}"
             + (
@@ -479,52 +396,4 @@ class TreeSampler(Sampler):
                 else f", tail={self.tail!r}, tail_steps={self.tail_steps}, tail_grid={self.tail_grid!r}"
             )
             + ")"
-        )
-
-
-# ---------------------------------------------------------------------------------------------------- noise
-
-
-class _NoiseSource:
-    """Where a rollout's Gaussian draws come from: one generator for the batch, or one per prompt group."""
-
-    def initial(self, policy: Policy, per_group: int) -> Tensor:
-        """``[G·per_group, ...]`` initial noises, group-major."""
-        raise NotImplementedError
-
-    def normal(self, per_group: int, shape: torch.Size) -> Tensor:
-        """``[G·per_group, *shape]`` fp32 standard normals, group-major (each group's rows a contiguous block)."""
-        raise NotImplementedError
-
-
-class _SharedNoise(_NoiseSource):
-    """Every draw from one generator, in one block (the sampler's RNG order before per-group generators existed)."""
-
-    def __init__(self, generator: torch.Generator, num_groups: int) -> None:
-        self.generator = generator
-        self.num_groups = num_groups
-
-    def initial(self, policy: Policy, per_group: int) -> Tensor:
-        return policy.initial_noise(per_group * self.num_groups, self.generator)
-
-    def normal(self, per_group: int, shape: torch.Size) -> Tensor:
-        g = self.generator
-        return torch.randn((per_group * self.num_groups, *shape), generator=g, device=g.device, dtype=torch.float32)
-
-
-class _PerGroupNoise(_NoiseSource):
-    """Group ``j`` draws from ``generators[j]`` exactly what a one-group rollout with that generator draws."""
-
-    def __init__(self, generators: list[torch.Generator]) -> None:
-        self.generators = generators
-
-    def initial(self, policy: Policy, per_group: int) -> Tensor:
-        return torch.cat([policy.initial_noise(per_group, g).to(torch.float32) for g in self.generators])
-
-    def normal(self, per_group: int, shape: torch.Size) -> Tensor:
-        return torch.cat(
-            [
-                torch.randn((per_group, *shape), generator=g, device=g.device, dtype=torch.float32)
-                for g in self.generators
-            ]
         )

@@ -18,22 +18,38 @@ module knows the laws.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "WindowLaw",
+    "WindowSettings",
     "draw_window_start",
     "expected_value",
+    "PROGRESSIVE_DEFAULTS",
     "num_starts",
+    "progressive_setting",
     "progressive_start",
     "progressive_starts",
+    "window_law_probs",
+    "window_law_problems",
+    "window_law_repr",
+    "window_law_start",
     "window_probs",
 ]
 
 WindowLaw = Literal["geometric", "uniform", "fixed", "progressive"]
+
+PROGRESSIVE_DEFAULTS: dict[str, Any] = {"shift_interval": 50, "stride": 1, "roll_back": True}
+"""Upstream's ``progressive`` settings (:func:`progressive_start`), used where a recipe leaves one ``null``."""
+
+
+def progressive_setting(name: str, value: Any) -> Any:
+    """A ``progressive`` setting ``name`` (``shift_interval``, ``stride``, ``roll_back``), or upstream's default when
+    ``value`` is ``None``."""
+    return PROGRESSIVE_DEFAULTS[name] if value is None else value
 
 
 def num_starts(num_steps: int, depth: int) -> int:
@@ -156,3 +172,68 @@ def draw_window_start(probs: Tensor, generator: torch.Generator) -> int:
 def expected_value(probs: Tensor, values: Tensor) -> float:
     """``E_i[values[i]]`` under the window law (e.g. the expected rollout forwards)."""
     return float((probs.double() * values.double()).sum())
+
+
+class WindowSettings(Protocol):
+    """The window-law settings of a tree sampler (``TreeSampler``'s init args of the same names)."""
+
+    num_steps: int
+    depth: int
+    window: WindowLaw
+    ratio: float
+    fixed_start: int | None
+    shift_interval: int | None
+    stride: int | None
+    roll_back: bool | None
+
+
+def window_law_probs(s: WindowSettings) -> Tensor:
+    """:func:`window_probs` of the settings ``s`` (``null`` progressive settings take upstream's defaults)."""
+    stride, roll_back = progressive_setting("stride", s.stride), progressive_setting("roll_back", s.roll_back)
+    return window_probs(s.num_steps, s.depth, s.window, s.ratio, s.fixed_start, int(stride), bool(roll_back))
+
+
+def window_law_start(s: WindowSettings, step: int, generator: torch.Generator) -> int:
+    """Training step ``step``'s window start: one draw from the law with ``generator`` (one uniform), or the step's
+    position on the ``progressive`` schedule (no draw)."""
+    if s.window == "progressive":
+        interval = int(progressive_setting("shift_interval", s.shift_interval))
+        stride, roll_back = progressive_setting("stride", s.stride), progressive_setting("roll_back", s.roll_back)
+        return progressive_start(step, s.num_steps, s.depth, interval, int(stride), bool(roll_back))
+    return draw_window_start(window_law_probs(s), generator)
+
+
+def window_law_repr(s: WindowSettings) -> str:
+    """The law's part of the sampler's ``repr``."""
+    if s.window != "progressive":
+        return f"window={s.window!r}, r={s.ratio}"
+    every, stride = progressive_setting("shift_interval", s.shift_interval), progressive_setting("stride", s.stride)
+    roll_back = progressive_setting("roll_back", s.roll_back)
+    return f"window='progressive', every={every}, stride={stride}, roll_back={roll_back}"
+
+
+def window_law_problems(prefix: str, s: WindowSettings) -> list[str]:
+    """Problems with the window-law settings, each naming its field under ``prefix`` (``sampler.init_args``)."""
+    p, num_steps, depth, window, ratio, fixed_start = prefix, s.num_steps, s.depth, s.window, s.ratio, s.fixed_start
+    shift_interval, stride, roll_back = s.shift_interval, s.stride, s.roll_back
+    problems: list[str] = []
+    if window == "geometric" and not 0.0 < ratio < 1.0:
+        problems.append(f"{p}.ratio: must be in (0, 1), got {ratio}")
+    if window == "fixed":
+        hi = num_starts(num_steps, depth) - 1
+        if fixed_start is None or not 0 <= fixed_start <= hi:
+            problems.append(f"{p}.fixed_start: window 'fixed' needs a start in [0, {hi}], got {fixed_start}")
+    elif fixed_start is not None:
+        problems.append(f"{p}.fixed_start: only used with window 'fixed' (window is {window!r})")
+    if window == "progressive":
+        if int(progressive_setting("shift_interval", shift_interval)) < 1:
+            problems.append(f"{p}.shift_interval: must be >= 1 training step, got {shift_interval}")
+        if int(progressive_setting("stride", stride)) < 1:
+            problems.append(f"{p}.stride: must be >= 1 (use window 'fixed' for a frozen window), got {stride}")
+    else:
+        for name, value in (("shift_interval", shift_interval), ("stride", stride), ("roll_back", roll_back)):
+            if value is not None:
+                problems.append(f"{p}.{name}: only used with window 'progressive' (window is {window!r})")
+    if window not in ("geometric", "uniform", "fixed", "progressive"):
+        problems.append(f"{p}.window: must be 'geometric', 'uniform', 'fixed' or 'progressive', got {window!r}")
+    return problems

@@ -35,8 +35,9 @@ from jsonargparse import ArgumentParser, Namespace
 from rich.console import Console
 from rich.table import Table
 
+from rlpost.apps.host import get_host
 from rlpost.core.plugin_errors import PluginRuntimeError
-from rlpost.core.plugins import PluginHost, get_host
+from rlpost.core.plugins import PluginHost
 from rlpost.engine.checkpoint import CheckpointError
 from rlpost.engine.guards import NonFiniteError
 from rlpost.engine.recipe import Recipe, RecipeError, build_parser, parse_recipe_args, validate

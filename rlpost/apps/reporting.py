@@ -1,7 +1,7 @@
 """End-of-run report: a reward-vs-step plot and a before/after grid of the held-out samples (a core lifecycle plugin).
 
-Registered through :data:`rlpost.core.plugins.DEFAULT_PLUGINS`. At ``rlpost_after_run`` the main process reads what the
-run already wrote and adds ``report/`` to the run directory::
+Registered through :data:`rlpost.apps.host.DEFAULT_PLUGINS`. At ``rlpost_after_run`` the main process reads what the run
+already wrote and adds ``report/`` to the run directory::
 
     report/reward_vs_step.png   training reward (metrics.jsonl) and every held-out reward and judge (eval.jsonl)
                                 against the step, one colour per evaluation set, judges dashed

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlpost.bench import stats
+import rlpost.bench.stats as stats
 from rlpost.bench.aggregate import (
     aggregate,
     eval_keys,

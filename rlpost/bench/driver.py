@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import yaml
 
+from rlpost.apps.host import get_host
 from rlpost.bench.aggregate import aggregate, eval_metrics
 from rlpost.bench.compare import comparisons
 from rlpost.bench.costmodel import Calibration, calibrate, predicted_counts
@@ -29,7 +30,7 @@ from rlpost.bench.spec import AlgoSpec, BenchSpec
 from rlpost.core.context import RunContext
 from rlpost.core.contract import Rollout
 from rlpost.core.hookspecs import hookimpl
-from rlpost.core.plugins import PluginHost, get_host
+from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import Recipe, RecipeError, RunConfig, merge_sources, validate
 from rlpost.engine.rundir import json_safe
 from rlpost.engine.runner import Runner

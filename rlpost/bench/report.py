@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlpost.bench import stats
+import rlpost.bench.stats as stats
 from rlpost.bench.aggregate import numeric
 from rlpost.bench.plot import plot_wallclock
 from rlpost.bench.tables import ci, fmt, heldout_tables, level_tables, own_best_table, ratio_table

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from rlpost.bench import stats
+import rlpost.bench.stats as stats
 from rlpost.engine.recipe import RecipeError
 
 __all__ = ["PAPER_QUANTITIES", "AlgoSpec", "BenchSpec", "as_names", "load_bench"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rlpost.bench import stats
+import rlpost.bench.stats as stats
 from rlpost.bench.aggregate import numeric
 
 __all__ = ["ci", "fmt", "heldout_tables", "level_tables", "own_best_table", "ratio_table"]

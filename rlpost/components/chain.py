@@ -23,7 +23,8 @@ from torch import Tensor
 
 from rlpost.core.api import Policy, StepCounts
 from rlpost.core.contract import PromptBatch, Rollout
-from rlpost.ops.kernels import LogProbReduction, StepKernel, dpm_solver_pp2_step
+from rlpost.ops.dpm_solver import dpm_solver_pp2_step
+from rlpost.ops.kernels import LogProbReduction, StepKernel
 from rlpost.ops.sampling import RolloutBuilder, frontier_velocity
 
 __all__ = [

@@ -1,6 +1,7 @@
 """Plugin loading that a user can trust.
 
-* Built-in modules (``DEFAULT_PLUGINS``) are registered by import, like pytest's default plugins.
+* Built-in modules (the ``builtins`` argument; the applications pass ``rlpost.apps.host.DEFAULT_PLUGINS``) are
+  registered first, like pytest's default plugins. The core names no module above it: the top layer owns the list.
 * Entry points of group ``rlpost`` are loaded **one at a time**: a plugin that fails to import, fails pluggy's
   validation, or raises inside a registration hook is recorded with its name, distribution and exception and
   skipped (none of its hooks or components stay active); the CLI keeps working. First-party plugins (distribution
@@ -29,13 +30,13 @@ Installing a plugin, or running a recipe that names a ``class_path``, runs that 
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata as md
 import os
 import sys
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -50,19 +51,10 @@ if TYPE_CHECKING:
     from rlpost.core.context import RunContext
     from rlpost.core.contract import RewardScores, Rollout
 
-__all__ = ["DEFAULT_PLUGINS", "ENTRY_POINT_GROUP", "PluginHost", "PluginInfo", "get_host", "reset_host"]
+__all__ = ["ENTRY_POINT_GROUP", "PluginHost", "PluginInfo"]
 
 ENTRY_POINT_GROUP = "rlpost"
 FIRST_PARTY_DISTRIBUTION = "rlpost"
-
-# Core modules that implement hooks; always registered (they cannot be blocked: rlpost does not work without them).
-DEFAULT_PLUGINS: tuple[str, ...] = (
-    "rlpost.components.builtin",
-    "rlpost.components.prompts",
-    "rlpost.models.sd3",
-    "rlpost.models.flux",
-    "rlpost.apps.reporting",
-)
 
 # Registration hook name -> (registry key, base class). Order is the order of ``rlpost plugins list`` columns.
 REGISTRATION_HOOKS: dict[str, tuple[str, type[Component]]] = {
@@ -121,11 +113,16 @@ class PluginHost:
     """Owns the pluggy ``PluginManager``, the plugin inventory and the component registries.
 
     Args:
+        builtins: Core modules that implement hooks, registered first under their module names, always (they cannot
+            be blocked: rlpost does not work without them). ``rlpost.apps.host.build_host`` passes rlpost's own;
+            ``()`` gives a bare host.
         load_entrypoints: Load entry points of group ``rlpost`` (False gives built-ins only).
         extra_plugins: Additional plugin objects (modules or instances) to register, e.g. test-local plugins.
     """
 
-    def __init__(self, load_entrypoints: bool = True, extra_plugins: tuple[object, ...] = ()) -> None:
+    def __init__(
+        self, builtins: Sequence[ModuleType], load_entrypoints: bool = True, extra_plugins: tuple[object, ...] = ()
+    ) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.infos: dict[str, PluginInfo] = {}
@@ -136,8 +133,8 @@ class PluginHost:
         self._trace = os.environ.get("RLPOST_TRACE_PLUGINS", "") not in ("", "0")
         if self._trace:
             self._enable_tracing()
-        for module_name in DEFAULT_PLUGINS:
-            module = importlib.import_module(module_name)
+        self._builtin_names = tuple(module.__name__ for module in builtins)
+        for module, module_name in zip(builtins, self._builtin_names, strict=True):
             self._register(module, module_name, FIRST_PARTY_DISTRIBUTION, _dist_version("rlpost"), module_name, True)
         if load_entrypoints:
             self._load_entrypoints()
@@ -204,7 +201,7 @@ class PluginHost:
         # Who else wants each entry-point name (among plugins that would load): decided before anything is
         # imported, so neither order nor an import side effect can change the outcome.
         # First-party names stay reserved even when blocked: blocking a built-in must not hand its name over.
-        taken = {name: FIRST_PARTY_DISTRIBUTION for name in DEFAULT_PLUGINS}
+        taken = {name: FIRST_PARTY_DISTRIBUTION for name in self._builtin_names}
         for ep, info, first_party in candidates:
             if first_party:
                 taken.setdefault(ep.name, info.distribution)
@@ -392,20 +389,3 @@ def _dist_version(dist: str) -> str:
         return md.version(dist)
     except md.PackageNotFoundError:
         return "0+unknown"
-
-
-_HOST: PluginHost | None = None
-
-
-def get_host() -> PluginHost:
-    """The process-wide plugin host, built lazily on first use (importing rlpost loads no plugin)."""
-    global _HOST
-    if _HOST is None:
-        _HOST = PluginHost()
-    return _HOST
-
-
-def reset_host(host: PluginHost | None = None) -> None:
-    """Replace (or clear, with ``None``) the process-wide host; used by tests."""
-    global _HOST
-    _HOST = host

@@ -1,9 +1,11 @@
-"""Multi-process training with DeepSpeed ZeRO: process-group start-up, the ``distributed`` recipe section and the
-:class:`DeepSpeedBackend`.
+"""Multi-process training with DeepSpeed ZeRO: the :class:`DeepSpeedBackend`.
 
-This is the only module that imports ``deepspeed`` (lazily, inside functions: ``rlpost validate`` and single-process
-runs never pay for the import). How work is split across ranks (prompt groups, RNG streams, gathered advantages)
-lives in :mod:`rlpost.engine.sharding`, which knows nothing about DeepSpeed.
+Its parts: the recipe's ``distributed`` section and its checks (:mod:`rlpost.engine.distributed_config`), the
+process group (:mod:`rlpost.engine.world`) and the ZeRO-partitioned state seen whole (:mod:`rlpost.engine.zero_state`);
+the names the recipe and the runner use are importable from here too. These are the only modules that import
+``deepspeed`` (lazily, inside functions: ``rlpost validate`` and single-process runs never pay for the import). How
+work is split across ranks (prompt groups, RNG streams, gathered advantages) lives in :mod:`rlpost.engine.sharding`,
+which knows nothing about DeepSpeed.
 
 Gradient accounting. Update rules call :meth:`DeepSpeedBackend.backward` once per minibatch and
 :meth:`DeepSpeedBackend.step` once per optimizer step, with each minibatch loss already divided by the number of
@@ -16,22 +18,32 @@ single-process mean over ``E`` edges exactly when each loss is multiplied by ``W
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import socket
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from rlpost.engine.backend import EngineBackend
 from rlpost.engine.checkpoint import CheckpointError
-from rlpost.engine.ema import ReplicatedWeights, WeightShards, swapped_in
+from rlpost.engine.distributed_config import (
+    FORBIDDEN_DS_KEYS,
+    DistributedConfig,
+    env_world_size,
+    read_ds_config,
+    validate_distributed,
+)
+from rlpost.engine.ema import ReplicatedWeights, WeightShards
+from rlpost.engine.world import World, init_world
+from rlpost.engine.zero_state import (
+    ConsolidatedOptimizerState,
+    FragmentShards,
+    Zero3Shards,
+    is_zero_param,
+    write_zero3_partitions,
+)
 
 __all__ = [
     "FORBIDDEN_DS_KEYS",
@@ -43,185 +55,6 @@ __all__ = [
     "init_world",
     "validate_distributed",
 ]
-
-# The optimizer and LR scheduler are defined once, in the recipe (torch_optimizer / lr_scheduler): a DeepSpeed
-# config defining them too would silently win or conflict, so validation rejects it.
-FORBIDDEN_DS_KEYS = ("optimizer", "scheduler")
-
-
-@dataclass
-class DistributedConfig:
-    """The recipe's optional ``distributed`` section; absent = one process with the plain torch backend.
-
-    Attributes:
-        backend: Process-group backend: ``auto`` (NCCL on CUDA, gloo on CPU), ``nccl`` or ``gloo``.
-        zero_stage: DeepSpeed ZeRO stage 0 (plain data parallel), 1 (optimizer state sharded), 2 (plus gradients;
-            the default) or 3 (plus parameters).
-        deepspeed_config: Optional DeepSpeed JSON config merged under ours (communication buckets, offload ...);
-            it must not define ``optimizer`` or ``scheduler`` blocks.
-        bf16: bf16 mixed precision: ``auto`` (on when CUDA supports bf16), ``true`` or ``false``.
-    """
-
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
-    zero_stage: int = 2
-    deepspeed_config: str | None = None
-    bf16: Literal["auto"] | bool = "auto"
-
-    def problems(self) -> list[str]:
-        """Range problems and problems of the DeepSpeed JSON file, each naming its field relative to the section (the
-        recipe prefixes ``distributed.``; checks against other sections: :func:`validate_distributed`)."""
-        problems: list[str] = []
-        if self.zero_stage not in (0, 1, 2, 3):
-            problems.append(f"zero_stage: must be 0, 1, 2 or 3, got {self.zero_stage}")
-        if self.deepspeed_config is None:
-            return problems
-        path = self.deepspeed_config
-        data, error = _read_ds_config(path)
-        if error is not None or data is None:
-            return [*problems, f"deepspeed_config: {error}"]
-        for key in FORBIDDEN_DS_KEYS:
-            if key in data:
-                problems.append(
-                    f"deepspeed_config: {path} defines a {key!r} block; the optimizer and LR scheduler are defined "
-                    "once in the recipe (torch_optimizer, lr_scheduler): remove it"
-                )
-        stage = (data.get("zero_optimization") or {}).get("stage")
-        if stage is not None and stage != self.zero_stage:
-            problems.append(
-                f"deepspeed_config: zero_optimization.stage {stage} in {path} contradicts distributed.zero_stage "
-                f"{self.zero_stage}"
-            )
-        gas = data.get("gradient_accumulation_steps")
-        if gas not in (None, 1, "auto"):
-            problems.append(
-                "deepspeed_config: gradient_accumulation_steps must be 1 or absent (the update rule accumulates "
-                f"minibatches itself), got {gas!r}"
-            )
-        return problems
-
-
-def env_world_size() -> int:
-    """``WORLD_SIZE`` set by ``torchrun`` / the ``deepspeed`` launcher, 1 when started plainly."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
-
-
-def _read_ds_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
-    p = Path(path)
-    if not p.is_file():
-        return None, f"file not found: {path}"
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        return None, f"{path} is not valid JSON: {exc}"
-    if not isinstance(data, dict):
-        return None, f"{path} must hold a JSON object"
-    return data, None
-
-
-def validate_distributed(
-    cfg: DistributedConfig, groups_per_step: int, world_size: int | None = None, ema: bool = False
-) -> list[str]:
-    """Checks of the ``distributed`` section against the rest of the recipe and the launch (the section's own checks
-    are :meth:`DistributedConfig.problems`); every problem names its field.
-
-    Args:
-        cfg: The section.
-        groups_per_step: ``run.groups_per_step`` (split across ranks, so it must divide by the world size).
-        world_size: Number of ranks; default ``WORLD_SIZE`` from the launcher's environment.
-        ema: Whether the recipe enables ``ema``.
-    """
-    problems: list[str] = []
-    data = _read_ds_config(cfg.deepspeed_config)[0] if cfg.deepspeed_config is not None else None
-    offload = (((data or {}).get("zero_optimization") or {}).get("offload_param") or {}).get("device")
-    if ema and cfg.zero_stage == 3 and offload == "nvme":
-        # The EMA is swapped into each rank's parameter partitions, which NVMe offload keeps on disk.
-        problems.append(
-            f"distributed.deepspeed_config: zero_optimization.offload_param.device 'nvme' in "
-            f"{cfg.deepspeed_config} cannot be combined with ema (use offload to 'cpu' or drop the ema section)"
-        )
-    world = env_world_size() if world_size is None else world_size
-    if world > 0 and groups_per_step % world:
-        problems.append(
-            f"run.groups_per_step: {groups_per_step} prompt groups do not divide across {world} ranks (WORLD_SIZE); "
-            "each rank samples whole groups"
-        )
-    return problems
-
-
-# ------------------------------------------------------------------------------------------------ process group
-
-
-@dataclass(frozen=True)
-class World:
-    """This process's place among the ranks.
-
-    Attributes:
-        rank: Global rank (0 = main process: the only one that prints or writes).
-        world_size: Number of ranks.
-        local_rank: Rank on this node (selects the GPU).
-        device: Device this rank trains on.
-    """
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-
-    @property
-    def is_main(self) -> bool:
-        """True on rank 0."""
-        return self.rank == 0
-
-    def all_gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj`` (picklable), in rank order; a collective call."""
-        if self.world_size == 1 or not torch.distributed.is_initialized():
-            return [obj]
-        out: list[Any] = [None] * self.world_size
-        torch.distributed.all_gather_object(out, obj)
-        return out
-
-    def barrier(self) -> None:
-        """Wait for every rank (after rank 0 wrote shared files)."""
-        if self.world_size > 1 and torch.distributed.is_initialized():
-            torch.distributed.barrier()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def init_world(cfg: DistributedConfig, device_spec: str) -> World:
-    """Start (once) the process group from the launcher's environment and pick this rank's device.
-
-    ``torchrun`` and the ``deepspeed`` launcher both export ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``
-    and ``MASTER_PORT``; a plain ``rlpost train`` with a ``distributed`` section runs as a world of one.
-
-    Args:
-        cfg: The recipe's ``distributed`` section.
-        device_spec: ``run.device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``): on CUDA each rank takes
-            ``cuda:LOCAL_RANK``.
-    """
-    import deepspeed
-
-    if "RANK" not in os.environ:
-        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available() and not device_spec.startswith("cpu")
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
-    return World(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
-
-
-# ----------------------------------------------------------------------------------------------------- backend
 
 
 def use_bf16(cfg: DistributedConfig, device: torch.device) -> bool:
@@ -241,7 +74,7 @@ def deepspeed_config(
     """
     base: dict[str, Any] = {}
     if cfg.deepspeed_config is not None:
-        data, error = _read_ds_config(cfg.deepspeed_config)
+        data, error = read_ds_config(cfg.deepspeed_config)
         if error is not None or data is None:
             raise ValueError(f"distributed.deepspeed_config: {error}")
         base = data
@@ -270,244 +103,6 @@ class _ParameterHolder(nn.Module):
     def __init__(self, parameters: list[nn.Parameter]) -> None:
         super().__init__()
         self.params = nn.ParameterList(parameters)
-
-
-def _is_zero_param(p: nn.Parameter) -> bool:
-    return hasattr(p, "_hp_mapping") or hasattr(p, "ds_id")
-
-
-class ConsolidatedOptimizerState:
-    """The DeepSpeed-wrapped torch optimizer seen through the per-parameter ``state_dict`` of a plain torch
-    optimizer over the trainable parameters (the :class:`~rlpost.engine.backend.LocalBackend` checkpoint format).
-
-    ZeRO keeps optimizer state as flat fp32 partitions, one slice per rank; ``state_dict`` gathers each parameter's
-    full state (``deepspeed.utils.safe_get_full_optimizer_state``, collective) so a checkpoint does not depend on
-    the number of ranks, and ``load_state_dict`` scatters it back into whatever partitioning the new run has.
-    """
-
-    def __init__(self, engine: Any, client: torch.optim.Optimizer, parameters: list[nn.Parameter]) -> None:
-        self.engine = engine
-        self.client = client
-        self.parameters = parameters
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The live parameter groups (learning rate etc.)."""
-        groups: list[dict[str, Any]] = self.engine.optimizer.param_groups
-        return groups
-
-    def _inner(self) -> torch.optim.Optimizer:
-        """The torch optimizer that owns the (flat, partitioned) state tensors."""
-        opt = self.engine.optimizer
-        inner: torch.optim.Optimizer = getattr(opt, "optimizer", opt)
-        return inner
-
-    def _sharded(self) -> bool:
-        return any(_is_zero_param(p) for p in self.parameters)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Per-parameter state keyed ``0..n-1`` and one parameter group; a collective call under ZeRO."""
-        from deepspeed.utils import safe_get_full_optimizer_state
-
-        if not self._sharded():
-            return self.client.state_dict()
-        inner = self._inner()
-        sample: dict[str, Any] = next(iter(inner.state.values()), {})
-        keys = sorted(k for k, v in sample.items() if isinstance(v, Tensor) and v.numel() > 1)
-        scalars = {k: v for k, v in sample.items() if k not in keys}
-        state: dict[int, dict[str, Any]] = {}
-        if sample:
-            for i, p in enumerate(self.parameters):
-                entry: dict[str, Any] = {
-                    k: (v.detach().cpu().clone() if isinstance(v, Tensor) else v) for k, v in scalars.items()
-                }
-                for k in keys:
-                    full = safe_get_full_optimizer_state(p, k)
-                    entry[k] = (
-                        full.detach().float().cpu().clone().reshape(p.ds_shape if hasattr(p, "ds_shape") else p.shape)
-                    )
-                state[i] = entry
-        group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
-        group["params"] = list(range(len(self.parameters)))
-        return {"state": state, "param_groups": [group]}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Scatter a per-parameter state into this run's partitions; hyper-parameters of the group are restored."""
-        from deepspeed.utils import safe_set_full_optimizer_state
-
-        if not self._sharded():
-            self.client.load_state_dict(state_dict)
-            return
-        saved_group = state_dict["param_groups"][0]
-        for group in self.param_groups:
-            group.update({k: v for k, v in saved_group.items() if k != "params"})
-        states = state_dict["state"]
-        if not states:
-            return
-        first = next(iter(states.values()))
-        keys = [k for k, v in first.items() if isinstance(v, Tensor) and v.dim() > 0]
-        inner = self._inner()
-        # torch optimizers create their state lazily at the first step; create the flat tensors now so the
-        # fragments can be written into them (and re-link DeepSpeed's per-parameter views of that state).
-        # ZeRO-3 hands its fp32 partitions to the torch optimizer only during step() (its param groups are empty
-        # in between), so take them from the ZeRO optimizer itself.
-        flats = getattr(self.engine.optimizer, "fp32_partitioned_groups_flat", None)
-        if flats is None:
-            flats = [flat for group in inner.param_groups for flat in group["params"]]
-        for flat in flats:
-            if not inner.state.get(flat):
-                inner.state[flat] = {k: torch.zeros_like(flat) for k in keys}
-            for k, v in first.items():
-                if k not in keys:
-                    inner.state[flat][k] = v.clone() if isinstance(v, Tensor) else v
-        relink = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
-        if callable(relink):
-            relink()
-        for i, p in enumerate(self.parameters):
-            for k in keys:
-                safe_set_full_optimizer_state(p, states[i][k].to(torch.float32), k)
-
-
-class _FragmentShards:
-    """EMA shares under ZeRO 1/2 (and DeepSpeed's bf16 optimizer): every rank holds the full low-precision
-    parameters, while the fp32 master weights are flattened and cut into one contiguous partition per rank, so one
-    parameter's master copy may be split over two ranks. A rank's share of a parameter is its fragment of that
-    partition (``p._hp_mapping``; none when the parameter lies wholly in other ranks' partitions).
-    """
-
-    def __init__(self, parameters: Sequence[nn.Parameter]) -> None:
-        self.parameters = list(parameters)
-
-    def local(self) -> list[Tensor]:
-        """This rank's fp32 master fragment of each parameter (views, re-read every call: DeepSpeed re-links them
-        when it offloads and reloads its state)."""
-        out = []
-        for p in self.parameters:
-            mapping = p._hp_mapping  # type: ignore[attr-defined]
-            frag = mapping.get_hp_fragment() if mapping is not None else None
-            out.append(frag.detach() if frag is not None else torch.empty(0, dtype=torch.float32, device=p.device))
-        return out
-
-    def _full(self, p: nn.Parameter, shard: Tensor) -> Tensor:
-        # As deepspeed.utils.tensor_fragment.get_full_hp_param assembles the master weights: each rank writes its
-        # fragment into a zero buffer and the buffers are summed (exact: every element has one non-zero term).
-        import deepspeed.comm as dist
-
-        buf = torch.zeros(p.numel(), dtype=torch.float32, device=p.device)
-        mapping = p._hp_mapping  # type: ignore[attr-defined]
-        if mapping is not None:
-            addr = mapping.lp_fragment_address
-            buf.narrow(0, addr.start, addr.numel).copy_(shard)
-        dist.all_reduce(buf, group=p._dp_group)  # type: ignore[attr-defined]
-        return buf.view(p.shape)
-
-    def gather(self, shards: Sequence[Tensor]) -> list[Tensor]:
-        """Full fp32 tensors; collective (one all-reduce per parameter)."""
-        return [self._full(p, s) for p, s in zip(self.parameters, shards, strict=True)]
-
-    def scatter(self, full: Sequence[Tensor]) -> list[Tensor]:
-        """This rank's fragment of each full tensor."""
-        out = []
-        for i, (p, value) in enumerate(zip(self.parameters, full, strict=True)):
-            if value.numel() != p.numel():
-                raise CheckpointError(f"EMA tensor {i}: checkpoint shape {tuple(value.shape)} != {tuple(p.shape)}")
-            mapping = p._hp_mapping  # type: ignore[attr-defined]
-            if mapping is None:
-                out.append(torch.empty(0, dtype=torch.float32))
-                continue
-            addr = mapping.lp_fragment_address
-            out.append(value.reshape(-1).narrow(0, addr.start, addr.numel).to(torch.float32))
-        return out
-
-    def loaded(self, shards: Sequence[Tensor]) -> AbstractContextManager[None]:
-        """Gather each parameter's EMA into the (replicated) low-precision parameter; restore it locally on exit.
-        Collective on entry only (one gather per parameter, lazily, just before its copy)."""
-        return swapped_in(self.parameters, (self._full(p, s) for p, s in zip(self.parameters, shards, strict=True)))
-
-
-class _Zero3Shards:
-    """EMA shares under ZeRO-3: each parameter is cut into equal (zero-padded) partitions, one per rank; the module
-    gathers them on demand from ``p.ds_tensor`` (low precision), the optimizer updates an fp32 copy of the same
-    partition. A rank's share is that fp32 partition, padding included.
-    """
-
-    def __init__(self, parameters: Sequence[nn.Parameter], device: torch.device) -> None:
-        self.parameters = list(parameters)
-        self.device = device
-
-    def local(self) -> list[Tensor]:
-        """This rank's fp32 master partition of each parameter (``deepspeed.utils.safe_get_local_fp32_param``)."""
-        from deepspeed.utils import safe_get_local_fp32_param
-
-        return [safe_get_local_fp32_param(p).detach() for p in self.parameters]
-
-    def _full(self, p: nn.Parameter, shard: Tensor) -> Tensor:
-        # The inverse of the partitioning: concatenate the ranks' partitions, drop the padding (as ZeRO-3's
-        # _fp32_state_allgather does for the master weights).
-        import deepspeed.comm as dist
-
-        group = p.ds_process_group  # type: ignore[attr-defined]
-        buf = torch.empty(dist.get_world_size(group=group) * shard.numel(), dtype=torch.float32, device=self.device)
-        dist.all_gather_into_tensor(buf, shard.to(self.device, torch.float32).contiguous(), group=group)
-        return buf.narrow(0, 0, p.ds_numel).view(p.ds_shape)  # type: ignore[attr-defined]
-
-    def gather(self, shards: Sequence[Tensor]) -> list[Tensor]:
-        """Full fp32 tensors; collective (one all-gather per parameter)."""
-        return [self._full(p, s) for p, s in zip(self.parameters, shards, strict=True)]
-
-    def scatter(self, full: Sequence[Tensor]) -> list[Tensor]:
-        """This rank's (zero-padded) partition of each full tensor."""
-        import deepspeed.comm as dist
-
-        out = []
-        for i, (p, value) in enumerate(zip(self.parameters, full, strict=True)):
-            if value.numel() != p.ds_numel:  # type: ignore[attr-defined]
-                raise CheckpointError(
-                    f"EMA tensor {i}: checkpoint shape {tuple(value.shape)} != {tuple(p.ds_shape)}"  # type: ignore[attr-defined]
-                )
-            group = p.ds_process_group  # type: ignore[attr-defined]
-            size = p.ds_tensor.ds_numel  # type: ignore[attr-defined]
-            padded = torch.zeros(size * dist.get_world_size(group=group), dtype=torch.float32)
-            padded[: value.numel()] = value.reshape(-1)
-            out.append(padded.narrow(0, size * dist.get_rank(group=group), size))
-        return out
-
-    @contextmanager
-    def loaded(self, shards: Sequence[Tensor]) -> Iterator[None]:
-        """Write the EMA partitions into the module's partitions (``ds_tensor``) and back up the live ones; the fp32
-        master weights are never touched. Collective on entry and on exit."""
-        backup = [p.ds_tensor.detach().clone() for p in self.parameters]  # type: ignore[attr-defined]
-        _write_zero3_partitions(self.parameters, shards)
-        try:
-            yield
-        finally:
-            _write_zero3_partitions(self.parameters, backup)
-
-
-@torch.no_grad()
-def _write_zero3_partitions(parameters: Sequence[nn.Parameter], partitions: Sequence[Tensor]) -> None:
-    """Write this rank's partition of each ZeRO-3 parameter into the module's copy (``ds_tensor``, what forward
-    passes gather); a collective call.
-
-    Gathered copies are stale afterwards: free them, drop ZeRO++'s secondary partitions (rebuilt at the next gather)
-    and gather the persistent parameters (small ones ZeRO-3 keeps whole on every rank) again; the others are
-    gathered on demand by the forward hooks. These are the steps ZeRO-3 takes around loading its own checkpoints
-    (``checkpoint_event_prologue`` / ``checkpoint_event_epilogue`` in deepspeedai/DeepSpeed
-    deepspeed/runtime/zero/stage3.py@v0.19.8).
-    """
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
-    for p, part in zip(parameters, partitions, strict=True):
-        p.ds_tensor.copy_(part.reshape(-1))  # type: ignore[attr-defined]
-    available = [p for p in parameters if p.ds_status == ZeroParamStatus.AVAILABLE]  # type: ignore[attr-defined]
-    if available:
-        available[0].partition(available)  # type: ignore[attr-defined]
-    for p in parameters:
-        if getattr(p, "ds_secondary_tensor", None) is not None:
-            p.ds_secondary_tensor = None  # type: ignore[attr-defined]
-    persistent = [p for p in parameters if p.ds_persist]  # type: ignore[attr-defined]
-    if persistent:
-        persistent[0].all_gather(persistent)  # type: ignore[attr-defined]
 
 
 class DeepSpeedBackend(EngineBackend):
@@ -611,9 +206,9 @@ class DeepSpeedBackend(EngineBackend):
         """This rank's share of the trainable weights, for the EMA (:mod:`rlpost.engine.ema`): its slice of the fp32
         master weights under ZeRO 1-3 (and DeepSpeed's bf16 optimizer), the full parameters otherwise."""
         if any(hasattr(p, "ds_id") for p in self.parameters):
-            return _Zero3Shards(self.parameters, self.world.device)
+            return Zero3Shards(self.parameters, self.world.device)
         if any(hasattr(p, "_hp_mapping") for p in self.parameters):
-            return _FragmentShards(self.parameters)
+            return FragmentShards(self.parameters)
         return ReplicatedWeights(self.parameters)
 
     @contextmanager
@@ -644,7 +239,7 @@ class DeepSpeedBackend(EngineBackend):
 
         out: dict[str, Tensor] = {}
         for i, p in enumerate(self.parameters):
-            full = safe_get_full_fp32_param(p) if _is_zero_param(p) else None
+            full = safe_get_full_fp32_param(p) if is_zero_param(p) else None
             value = full if full is not None else p.detach()
             out[f"trainable.{i:04d}"] = value.detach().float().cpu().clone()
         return out
@@ -674,12 +269,12 @@ class DeepSpeedBackend(EngineBackend):
                     f"trainable parameter {i}: checkpoint shape {tuple(value.shape)} != {tuple(p.shape)}"
                 )
             p.copy_(value.to(p.device, p.dtype))
-            if _is_zero_param(p):
+            if is_zero_param(p):
                 safe_set_full_fp32_param(p, value.to(self.world.device))
         if zero3:
             # The fp32 master partitions alone would reach the module only after the next optimizer step (ZeRO-3
             # copies master -> module partitions in step()): copy them now, as step() does.
-            _write_zero3_partitions(zero3, _Zero3Shards(zero3, self.world.device).local())
+            write_zero3_partitions(zero3, Zero3Shards(zero3, self.world.device).local())
 
 
 def policy_module(policy: object) -> nn.Module | None:

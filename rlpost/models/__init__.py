@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from rlpost.models._common import LoraSpec, ModelDirError
+from rlpost.models.adapter_settings import LoraSpec
 from rlpost.models.flux import FluxPolicy
+from rlpost.models.pipeline_dir import ModelDirError
 from rlpost.models.sd3 import SD3Policy
 
 __all__ = ["FluxPolicy", "LoraSpec", "ModelDirError", "SD3Policy"]

@@ -29,7 +29,9 @@ from torch import Tensor
 from rlpost.core.api import Conditioning, Policy
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
-from rlpost.models._common import DiffusersTransformerPolicy, DTypeName, LoraSpec, ModelDirError
+from rlpost.models._common import DiffusersTransformerPolicy
+from rlpost.models.adapter_settings import DTypeName, LoraSpec
+from rlpost.models.pipeline_dir import ModelDirError
 from rlpost.models.tiny import ensure_tiny_flux, parse_tiny_id
 from rlpost.ops.schedules import TimeGrid, shifted_linspace_sigmas, timesteps_from_sigmas
 

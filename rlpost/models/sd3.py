@@ -23,7 +23,9 @@ from torch import Tensor
 from rlpost.core.api import Conditioning, Policy
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
-from rlpost.models._common import DiffusersTransformerPolicy, DTypeName, LoraSpec, ModelDirError, resolution_problems
+from rlpost.models._common import DiffusersTransformerPolicy
+from rlpost.models.adapter_settings import DTypeName, LoraSpec
+from rlpost.models.pipeline_dir import ModelDirError, resolution_problems
 from rlpost.models.tiny import ensure_tiny_sd3
 from rlpost.ops.schedules import TIME_GRIDS, TimeGrid, clean_tail_steps, time_grid_sigmas, timesteps_from_sigmas
 

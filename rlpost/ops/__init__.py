@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+from rlpost.ops.dpm_solver import DPMSolverPP2, dpm_solver_pp2_step
 from rlpost.ops.kernels import (
     KERNELS,
     CPSKernel,
     DanceGRPOSDE,
-    DPMSolverPP2,
     EulerODE,
     FlowGRPOSDE,
     LogProbReduction,
     StepKernel,
     StepOutput,
-    dpm_solver_pp2_step,
     gaussian_log_prob,
     make_kernel,
 )

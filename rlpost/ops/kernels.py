@@ -33,7 +33,6 @@ from torch import Tensor
 
 __all__ = [
     "CPSKernel",
-    "DPMSolverPP2",
     "DanceGRPOSDE",
     "EulerODE",
     "FlowGRPOSDE",
@@ -41,9 +40,10 @@ __all__ = [
     "LogProbReduction",
     "StepKernel",
     "StepOutput",
-    "dpm_solver_pp2_step",
+    "as_f32",
     "gaussian_log_prob",
     "make_kernel",
+    "per_row",
 ]
 
 LogProbReduction = Literal["mean", "sum"]
@@ -51,13 +51,14 @@ LogProbReduction = Literal["mean", "sum"]
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-def _f32(t: Tensor) -> Tensor:
+def as_f32(t: Tensor) -> Tensor:
+    """``t`` in fp32 (every kernel computes in fp32, see the module docstring)."""
     return t.to(torch.float32)
 
 
-def _per_row(sigma: Tensor, ndim: int) -> Tensor:
+def per_row(sigma: Tensor, ndim: int) -> Tensor:
     """``[B]`` -> ``[B, 1, ..., 1]`` (fp32) so it broadcasts against a ``ndim``-dimensional latent batch."""
-    s = _f32(sigma)
+    s = as_f32(sigma)
     if s.ndim == 0:
         s = s.reshape(1)
     return s.reshape(s.shape[0], *([1] * (ndim - 1)))
@@ -173,7 +174,7 @@ class StepKernel(ABC):
             return StepOutput(mean, mean, std, self.log_prob(mean, mean, std, reduction))
         if noise is None:
             noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
-        nxt = mean + std * _f32(noise)
+        nxt = mean + std * as_f32(noise)
         return StepOutput(nxt, mean, std, self.log_prob(nxt, mean, std, reduction))
 
     def __repr__(self) -> str:
@@ -192,8 +193,8 @@ class EulerODE(StepKernel):
     stochastic: ClassVar[bool] = False
 
     def mean_std(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
-        x, v = _f32(x), _f32(v)
-        dt = _per_row(sigma_next, x.ndim) - _per_row(sigma, x.ndim)
+        x, v = as_f32(x), as_f32(v)
+        dt = per_row(sigma_next, x.ndim) - per_row(sigma, x.ndim)
         return x + dt * v, torch.zeros_like(dt)
 
 
@@ -224,15 +225,15 @@ class FlowGRPOSDE(StepKernel):
 
     def std_dev_t(self, sigma: Tensor, sigma_next: Tensor, ndim: int) -> Tensor:
         """``σ_t = a·sqrt(σ/(1-σ))`` per row, ``[B, 1, ..., 1]`` (the SDE's diffusion coefficient, §5.2/§5.3)."""
-        s = _per_row(sigma, ndim)
-        cap = _per_row(sigma_next, ndim) if self.sigma_max is None else torch.full_like(s, self.sigma_max)
+        s = per_row(sigma, ndim)
+        cap = per_row(sigma_next, ndim) if self.sigma_max is None else torch.full_like(s, self.sigma_max)
         denom_sigma = torch.where(s >= 1.0, cap, s)
         return self.noise_level * torch.sqrt(s / (1.0 - denom_sigma))
 
     def mean_std(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
-        x, v = _f32(x), _f32(v)
-        s = _per_row(sigma, x.ndim)
-        dt = _per_row(sigma_next, x.ndim) - s
+        x, v = as_f32(x), as_f32(v)
+        s = per_row(sigma, x.ndim)
+        dt = per_row(sigma_next, x.ndim) - s
         sd = self.std_dev_t(sigma, sigma_next, x.ndim)
         # Flow-GRPO eq. 9: the score-corrected drift of the reverse SDE with marginals matching the ODE.
         mean = x + dt * (v + sd**2 / (2.0 * s) * (x + (1.0 - s) * v))
@@ -261,9 +262,9 @@ class DanceGRPOSDE(StepKernel):
         self.eta = float(eta)
 
     def mean_std(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
-        x, v = _f32(x), _f32(v)
-        s = _per_row(sigma, x.ndim)
-        dt = _per_row(sigma_next, x.ndim) - s
+        x, v = as_f32(x), as_f32(v)
+        s = per_row(sigma, x.ndim)
+        dt = per_row(sigma_next, x.ndim) - s
         x0 = x - s * v
         score = -(x - (1.0 - s) * x0) / s**2
         mean = x + dt * (v - 0.5 * self.eta**2 * score)
@@ -304,9 +305,9 @@ class CPSKernel(StepKernel):
         self.log_prob_kind = log_prob
 
     def mean_std(self, x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
-        x, v = _f32(x), _f32(v)
-        s = _per_row(sigma, x.ndim)
-        sn = _per_row(sigma_next, x.ndim)
+        x, v = as_f32(x), as_f32(v)
+        s = per_row(sigma, x.ndim)
+        sn = per_row(sigma_next, x.ndim)
         std = sn * math.sin(self.noise_level * math.pi / 2.0)
         x0 = x - s * v
         x1 = x + (1.0 - s) * v
@@ -316,122 +317,12 @@ class CPSKernel(StepKernel):
     def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor, reduction: LogProbReduction = "mean") -> Tensor:
         if self.log_prob_kind == "flow-grpo":
             # Flow-GRPO's CPS surrogate: negative squared error, no constants or variance scaling.
-            sq = -((_f32(x_next) - _f32(mean)) ** 2)
+            sq = -((as_f32(x_next) - as_f32(mean)) ** 2)
             dims = tuple(range(1, sq.ndim))
             return sq.mean(dim=dims) if reduction == "mean" else sq.sum(dim=dims)
         lp = gaussian_log_prob(x_next, mean, std, reduction)
-        zero = (_f32(std).reshape(std.shape[0], -1) == 0).any(dim=1)
+        zero = (as_f32(std).reshape(std.shape[0], -1) == 0).any(dim=1)
         return torch.where(zero, torch.full_like(lp, float("nan")), lp)
-
-
-# ------------------------------------------------------------------------------------------------ DPM-Solver++
-
-
-def _lambda(sigma: Tensor) -> Tensor:
-    """Half log-SNR of the rectified flow: ``λ = log α - log σ`` with ``α = 1-σ`` (Lu et al. 2022, arXiv 2211.01095)."""
-    return torch.log(1.0 - sigma) - torch.log(sigma)
-
-
-def dpm_solver_pp2_step(
-    x: Tensor,
-    v: Tensor,
-    sigma: Tensor,
-    sigma_next: Tensor,
-    sigma_prev: Tensor | None = None,
-    prev_x0: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """One multistep DPM-Solver++ step (order 2, "midpoint"), data prediction, for a rectified flow.
-
-    Lu et al. 2022 (DPM-Solver++, Alg. 2) in the flow parameterisation used by MixGRPO-Flash
-    (``Tencent-Hunyuan/MixGRPO`` ``fastvideo/utils/sampling_utils.py``@e5cdd6a, ``dpm_step``; diffusers
-    ``DPMSolverMultistepScheduler`` with ``prediction_type="flow_prediction"``). With ``α = 1-σ``,
-    ``λ = log α - log σ``, ``h = λ' - λ`` and ``x̂0 = x - σ·v``::
-
-        x' = (σ'/σ)·x - α'·(e^{-h} - 1)·x̂0                              (order 1 = DDIM)
-           - ½·α'·(e^{-h} - 1)·D1,   D1 = (x̂0 - x̂0_prev)/r0,  r0 = h_prev/h   (order 2 correction)
-
-    The second-order term is used when ``sigma_prev`` and ``prev_x0`` are given and ``σ' > 0``; rows stepping to
-    ``σ' = 0`` use order 1, whose limit is ``x' = x̂0`` (diffusers' ``final_sigmas_type="zero"`` final step).
-
-    Args:
-        x: ``[B, ...]`` states at ``sigma``.
-        v: ``[B, ...]`` velocities.
-        sigma: ``[B]`` current noise levels.
-        sigma_next: ``[B]`` next noise levels.
-        sigma_prev: ``[B]`` noise levels of the previous step (where ``prev_x0`` was predicted), or ``None``.
-        prev_x0: ``[B, ...]`` the previous step's ``x̂0``, or ``None`` (first step: order 1).
-
-    Returns:
-        ``(x_next, x0)``: the next state and this step's ``x̂0`` (pass it as ``prev_x0`` to the next step).
-    """
-    x, v = _f32(x), _f32(v)
-    s = _per_row(sigma, x.ndim)
-    sn = _per_row(sigma_next, x.ndim)
-    x0 = x - s * v
-    final = sn <= 0.0
-    # Guard log(0) at the final step; those rows are overwritten with x̂0 below.
-    sn_safe = torch.where(final, torch.ones_like(sn) * 0.5, sn)
-    h = _lambda(sn_safe) - _lambda(s)
-    alpha_n = 1.0 - sn_safe
-    phi = torch.expm1(-h)  # e^{-h} - 1, accurate for small h
-    nxt = (sn_safe / s) * x - alpha_n * phi * x0
-    if sigma_prev is not None and prev_x0 is not None:
-        sp = _per_row(sigma_prev, x.ndim)
-        r0 = (_lambda(s) - _lambda(sp)) / h
-        d1 = (x0 - _f32(prev_x0)) / r0
-        nxt = nxt - 0.5 * alpha_n * phi * d1
-    nxt = torch.where(final, x0, nxt)
-    return nxt, x0
-
-
-class DPMSolverPP2:
-    """Stateful multistep DPM-Solver++ (2M) over a sequence of steps, for MixGRPO-Flash's compressed ODE tail.
-
-    Deterministic (no log-prob). Keeps the previous step's ``σ`` and ``x̂0``; the first step after :meth:`reset` is
-    order 1, as is any step to ``σ' = 0`` (lower order at the final step). See :func:`dpm_solver_pp2_step` for the
-    formulas. Explicit ``sigma_prev``/``prev_x0`` arguments override the stored state (e.g. for tree nodes whose
-    histories differ).
-    """
-
-    name: ClassVar[str] = "dpm-solver++2"
-    stochastic: ClassVar[bool] = False
-
-    def __init__(self) -> None:
-        self._sigma_prev: Tensor | None = None
-        self._prev_x0: Tensor | None = None
-
-    def reset(self) -> None:
-        """Forget the previous step (start a new trajectory)."""
-        self._sigma_prev = None
-        self._prev_x0 = None
-
-    def step(
-        self,
-        x: Tensor,
-        v: Tensor,
-        sigma: Tensor,
-        sigma_next: Tensor,
-        sigma_prev: Tensor | None = None,
-        prev_x0: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """Advance one step and remember ``(σ, x̂0)`` for the next call.
-
-        Args:
-            x: ``[B, ...]`` states.
-            v: ``[B, ...]`` velocities.
-            sigma: ``[B]`` current noise levels.
-            sigma_next: ``[B]`` next noise levels.
-            sigma_prev: Previous step's noise levels; defaults to the stored state.
-            prev_x0: Previous step's ``x̂0``; defaults to the stored state.
-
-        Returns:
-            ``(x_next, x0)``.
-        """
-        if sigma_prev is None and prev_x0 is None:
-            sigma_prev, prev_x0 = self._sigma_prev, self._prev_x0
-        nxt, x0 = dpm_solver_pp2_step(x, v, sigma, sigma_next, sigma_prev, prev_x0)
-        self._sigma_prev, self._prev_x0 = _f32(sigma).reshape(-1), x0
-        return nxt, x0
 
 
 KERNELS: dict[str, type[StepKernel]] = {k.name: k for k in (EulerODE, FlowGRPOSDE, DanceGRPOSDE, CPSKernel)}

@@ -1,7 +1,11 @@
 """The import graph stays a stack of layers that only point down (issue #14; the picture is in docs/design.md).
 
 Every module under ``rlpost/`` is parsed with :mod:`ast`; every import counts, also those under ``TYPE_CHECKING``
-and inside functions (a lazy import is still a dependency). The test fails on
+and inside functions (a lazy import is still a dependency), and so does a string import (issue #22): a string literal
+outside docstrings naming an ``rlpost`` module or a module's attribute, which is what ``importlib.import_module``,
+``__import__`` and a ``class_path`` resolve. ``from a import b`` depends on package ``a`` itself (it reads ``a``'s
+namespace), so a submodule doing ``from rlpost.bench import stats`` while ``rlpost/bench/__init__.py`` imports it is
+a cycle; ``import rlpost.bench.stats as stats`` is not. The test fails on
 
 * any import cycle inside ``rlpost/``;
 * any import from a lower layer to a higher one (:data:`LAYERS`);
@@ -14,7 +18,9 @@ and inside functions (a lazy import is still a dependency). The test fails on
 from __future__ import annotations
 
 import ast
+import functools
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -46,10 +52,71 @@ def _modules(root: Path, top: Path) -> dict[str, Path]:
     return {_module_name(p, root): p for p in sorted(top.rglob("*.py"))}
 
 
-def _imports(path: Path, module: str, known: set[str]) -> list[tuple[str, int]]:
-    """Every module ``path`` imports, as (dotted name, line): ``from a import b`` is ``a.b`` when that is a module."""
+DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id`` of every docstring node (module, class, function): prose may name modules without importing them."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                if isinstance(first.value.value, str):
+                    found.add(id(first.value))
+    return found
+
+
+@functools.cache
+def _top_level_names(path: Path) -> frozenset[str]:
+    """Names a module binds at its top level (also under ``if``/``try``) and the strings in its ``__all__``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and node.value is not None:
+                names.update(
+                    c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                )
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(getattr(node, field, []))
+        elif isinstance(node, ast.ExceptHandler):
+            todo.extend(node.body)
+    return frozenset(names)
+
+
+def _named_module(text: str, modules: Mapping[str, Path]) -> str | None:
+    """The module a dotted string names: itself, or the module whose top-level attribute it is (a ``class_path``)."""
+    parts = text.split(".")
+    for cut in range(len(parts), 0, -1):
+        head = ".".join(parts[:cut])
+        if head in modules:
+            if cut == len(parts) or parts[cut] in _top_level_names(modules[head]):
+                return head
+            return None  # a module prefix followed by something it does not define: a plugin name, a stash key
+    return None
+
+
+def _imports(path: Path, module: str, modules: Mapping[str, Path]) -> list[tuple[str, int]]:
+    """Every module ``path`` imports, as (dotted name, line).
+
+    ``import a.b`` is ``a.b``; ``from a import b`` is ``a`` (its namespace is read) and also ``a.b`` when that is a
+    module; a string literal outside docstrings that names a module or a module's attribute (what
+    ``importlib.import_module("a.b")``, ``__import__`` or a ``class_path`` resolves) is that module.
+    """
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    docstrings = _docstrings(tree)
     found: list[tuple[str, int]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -60,10 +127,17 @@ def _imports(path: Path, module: str, known: set[str]) -> list[tuple[str, int]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
+            found.append((target, node.lineno))
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
-                found.append((sub if sub in known else target, node.lineno))
-    return found
+                if sub in modules:
+                    found.append((sub, node.lineno))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if DOTTED.fullmatch(node.value):
+                named = _named_module(node.value, modules)
+                if named is not None:
+                    found.append((named, node.lineno))
+    return sorted(found, key=lambda t: t[1])
 
 
 def _layer(module: str) -> int | None:
@@ -78,17 +152,18 @@ def _layer(module: str) -> int | None:
     return None if best is None else best[1]
 
 
-def _graph() -> tuple[dict[str, set[str]], list[str]]:
-    modules = _modules(ROOT, PACKAGE)
+def _graph(root: Path = ROOT) -> tuple[dict[str, set[str]], list[str]]:
+    """Import edges between the modules of ``root/rlpost`` and the problems found on the way."""
+    modules = _modules(root, root / "rlpost")
     known = set(modules)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     problems: list[str] = []
     for module, path in modules.items():
-        for target, line in _imports(path, module, known):
+        for target, line in _imports(path, module, modules):
             if target != "rlpost" and not target.startswith("rlpost."):
                 continue
             if target not in known:
-                problems.append(f"{path.relative_to(ROOT)}:{line}: imports {target}, which is no module of rlpost")
+                problems.append(f"{path.relative_to(root)}:{line}: imports {target}, which is no module of rlpost")
                 continue
             if target != module:
                 graph[module].add(target)
@@ -145,8 +220,7 @@ def test_no_import_cycle_in_rlpost() -> None:
     )
 
 
-def test_layers_only_point_down() -> None:
-    graph, _ = _graph()
+def _upward(graph: dict[str, set[str]]) -> list[str]:
     names = {level: name for level, name, _ in LAYERS}
     upward = []
     for module, targets in sorted(graph.items()):
@@ -155,6 +229,11 @@ def test_layers_only_point_down() -> None:
             there = _layer(target)
             if here is not None and there is not None and there > here:
                 upward.append(f"{module} ({names[here]}) imports {target} ({names[there]})")
+    return upward
+
+
+def test_layers_only_point_down() -> None:
+    upward = _upward(_graph()[0])
     assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
 
 
@@ -171,10 +250,10 @@ def test_there_are_plugins_to_check() -> None:
 @pytest.mark.parametrize("package", _plugin_packages(), ids=lambda p: p.name)
 def test_plugins_import_only_the_declared_api(package: Path) -> None:
     modules = _modules(PLUGINS, package)
-    known = set(modules)
+    everything = {**_modules(ROOT, PACKAGE), **_modules(PLUGINS, PLUGINS)}
     bad = []
     for module, path in modules.items():
-        for target, line in _imports(path, module, known):
+        for target, line in _imports(path, module, everything):
             top = target.split(".")[0]
             if top == package.name or target == "rlpost":
                 continue
@@ -193,13 +272,63 @@ def test_design_doc_mirrors_the_table() -> None:
     assert documented == list(LAYERS), "docs/design.md's layer table differs from LAYERS in this test"
 
 
+def _plant(root: Path, files: Mapping[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
 def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path: Path) -> None:
     # The checks must be able to fail: a two-module cycle and an upward import are reported.
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert _layer("rlpost.core.api") == 0 and _layer("rlpost.engine.runner") == 3 and _layer("rlpost") == 4
     assert _layer("rlpost.apps.cli") == 5 and _layer("rlpost.somewhere") is None
     pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
+    _plant(pkg, {"__init__.py": "", "n.py": ""})
     (pkg / "m.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import n\n")
-    assert _imports(pkg / "m.py", "pkg.m", {"pkg", "pkg.m", "pkg.n"}) == [("typing", 1), ("pkg.n", 3)]
+    modules = _modules(tmp_path, pkg)
+    assert _imports(pkg / "m.py", "pkg.m", modules) == [("typing", 1), ("pkg", 3), ("pkg.n", 3)]
+
+
+def test_the_checker_sees_string_imports_upward(tmp_path: Path) -> None:
+    # importlib, __import__ and a class_path literal are imports; a docstring, a plugin name or a stash key that only
+    # looks like a module path is not.
+    _plant(
+        tmp_path / "rlpost",
+        {
+            "__init__.py": "",
+            "core/__init__.py": "",
+            "core/a.py": 'import importlib\nM = importlib.import_module("rlpost.apps.x")\n',
+            "core/b.py": '__import__("rlpost.engine")\n',
+            "core/c.py": 'CLASS_PATH = "rlpost.engine.y.Thing"\n',
+            "core/d.py": '"""Like rlpost.apps.x."""\nNAME = "rlpost.apps.x.probe"\nKEY = "rlpost.last_eval"\n',
+            "engine/__init__.py": "",
+            "engine/y.py": "class Thing:\n    pass\n",
+            "apps/__init__.py": "",
+            "apps/x.py": "",
+        },
+    )
+    graph, problems = _graph(tmp_path)
+    assert not problems
+    assert _upward(graph) == [
+        "rlpost.core.a (core) imports rlpost.apps.x (apps)",
+        "rlpost.core.b (core) imports rlpost.engine (engine)",
+        "rlpost.core.c (core) imports rlpost.engine.y (engine)",
+    ]
+    assert graph["rlpost.core.d"] == set()
+
+
+def test_the_checker_sees_a_submodule_importing_its_package(tmp_path: Path) -> None:
+    # ``from rlpost.bench import stats`` in a module that rlpost/bench/__init__.py imports is a cycle (the package's
+    # namespace is read while it is being built); ``import rlpost.bench.stats`` is not.
+    files = {
+        "__init__.py": "",
+        "bench/__init__.py": "from rlpost.bench.aggregate import f\n",
+        "bench/stats.py": "",
+        "bench/aggregate.py": "from rlpost.bench import stats\n\ndef f() -> None:\n    pass\n",
+    }
+    _plant(tmp_path / "rlpost", files)
+    assert _cycles(_graph(tmp_path)[0]) == [["rlpost.bench", "rlpost.bench.aggregate"]]
+    (tmp_path / "rlpost" / "bench" / "aggregate.py").write_text("import rlpost.bench.stats as stats\n")
+    assert _cycles(_graph(tmp_path)[0]) == []

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from rlpost.apps import cli
+from rlpost.apps.host import build_host
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.flux import FluxPolicy
@@ -33,7 +34,7 @@ FULL = [p for p in ALL if p not in OVERLAYS]
 
 @pytest.fixture(scope="module")
 def host() -> PluginHost:
-    return PluginHost()
+    return build_host()
 
 
 @pytest.fixture(autouse=True)

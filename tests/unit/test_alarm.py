@@ -11,6 +11,7 @@ import torch
 
 from rlpost import hookimpl
 from rlpost.apps.alarm_replay import replay
+from rlpost.apps.host import build_host
 from rlpost.apps.progress import alarm_text
 from rlpost.apps.reporting import report_summary
 from rlpost.core.api import RewardSource
@@ -166,7 +167,7 @@ def rlpost_register_reward_sources(register: Any) -> None:
 
 @pytest.fixture
 def host() -> PluginHost:
-    return PluginHost(load_entrypoints=False, extra_plugins=(toy_components, sys.modules[__name__]))
+    return build_host(load_entrypoints=False, extra_plugins=(toy_components, sys.modules[__name__]))
 
 
 def _cfg(tmp_path: Any, judge: str = "toy-flatness", max_steps: int = 12, **alarm: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rlpost import bench
-from rlpost.core.plugins import PluginHost
+from rlpost.apps.host import build_host
 from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.sd3 import SD3Policy
 
@@ -98,7 +98,7 @@ def test_counted_forwards_equal_the_cost_model(tiny_result: tuple[Path, dict]) -
 
 def _validated_algorithms(spec: bench.BenchSpec) -> dict[str, dict[str, Any]]:
     """Each algorithm's resolved config; asserts they share model, evaluation, rewards, prompts and LR."""
-    host = PluginHost()
+    host = build_host()
     configs: dict[str, dict[str, Any]] = {}
     for algo in spec.algorithms:
         pairs = [(k, json.dumps(v)) for k, v in {**spec.overrides, **algo.overrides}.items()]
@@ -460,7 +460,7 @@ def test_eval_metrics_keep_every_numeric_eval_key() -> None:
 
 def test_missing_metric_fails_before_training() -> None:
     spec = bench.BenchSpec(output_dir="unused", base=[], algorithms=[bench.AlgoSpec("a", "A", [])], metric="eval/x")
-    b = bench.Bench(spec, host=PluginHost(), log=lambda msg: None)
+    b = bench.Bench(spec, host=build_host(), log=lambda msg: None)
     state: Any = bench.AlgoState(spec.algorithms[0], None, None, None, seed=3)  # type: ignore[arg-type]
     state.evals.append({"iteration": 0, "train_time_s": 0.0, "eval/r": 0.5})
     b.algos.append(state)
@@ -497,7 +497,7 @@ def test_build_lists_an_algorithms_problem_once_for_all_seeds(tmp_path: Path, mo
     )
     spec = bench.load_bench(str(path))
     with pytest.raises(RecipeError) as info:
-        bench.Bench(spec, host=PluginHost(), log=lambda msg: None).build()
+        bench.Bench(spec, host=build_host(), log=lambda msg: None).build()
     problems = info.value.problems
     assert problems and all(p.startswith("bad: ") for p in problems)
     assert len(problems) == len(set(problems)) and any("colour" in p for p in problems)

@@ -1,7 +1,7 @@
 """The GPU benchmarks' random-weight FLUX.1 builder (benchmarks/gpu_flux.py), checked at tiny width on CPU.
 
-The speed check itself needs a GPU; this catches the builder breaking (it shares rlpost/models/tiny.py's tokenizers,
-text encoders and pipeline assembly) before a GPU session finds out.
+The speed check itself needs a GPU; this catches the builder breaking (it shares rlpost/models/tiny_text.py's tokenizers
+and text encoders and rlpost/models/tiny.py's pipeline assembly) before a GPU session finds out.
 """
 
 from __future__ import annotations

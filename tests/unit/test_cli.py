@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from rlpost.apps import cli
-from rlpost.core.plugins import PluginHost
+from rlpost.apps.host import build_host
 from tests import toy_components
 from tests.toy_components import toy_recipe
 
@@ -65,7 +65,7 @@ def test_plugins_list_piped_does_not_truncate(capsys):
 
 
 def test_train_without_progress_bar_ends_with_a_completion_line(tmp_path, monkeypatch, capsys):
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     monkeypatch.setattr(cli, "get_host", lambda: host)
     recipe = tmp_path / "toy.yaml"
     recipe.write_text(yaml.safe_dump(toy_recipe(str(tmp_path / "run"), max_steps=2)))  # progress: false
@@ -79,7 +79,7 @@ def test_training_commands_silence_third_party_notices_and_bars(tmp_path, monkey
         monkeypatch.delenv(name, raising=False)
     logger = logging.getLogger("DeepSpeed")
     monkeypatch.setattr(logger, "filters", [])  # restored after the test
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     monkeypatch.setattr(cli, "get_host", lambda: host)
     recipe = tmp_path / "toy.yaml"
     recipe.write_text(yaml.safe_dump(toy_recipe(str(tmp_path / "run"), max_steps=1)))
@@ -104,7 +104,7 @@ def test_rlpost_verbose_keeps_third_party_output(monkeypatch):
 
 def _toy_cli(monkeypatch, tmp_path: Path) -> Path:
     """A toy recipe file, with ``rlpost`` resolving the toy components' registered names."""
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     monkeypatch.setattr(cli, "get_host", lambda: host)
     recipe = tmp_path / "toy.yaml"
     recipe.write_text(yaml.safe_dump(toy_recipe(str(tmp_path / "run"))))  # sampler toy-chain, num_steps 3
@@ -165,7 +165,7 @@ def test_command_line_values_keep_the_yaml_limits(monkeypatch, tmp_path, capsys)
 def test_a_run_saved_before_nested_defaults_were_listed_resumes(tmp_path):
     """The resolved recipe now lists nested defaults (``model.init_args.lora``) as jsonargparse fills them; a run
     saved without them is the same model."""
-    from rlpost.core.plugins import get_host
+    from rlpost.apps.host import get_host
     from rlpost.engine.recipe import build_parser, parse_recipe_args, state_breaking_changes
 
     saved = {"class_path": "rlpost.models.sd3.SD3Policy", "init_args": {"pretrained": "tiny-random", "lora": {}}}

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from rlpost.apps.host import build_host
 from rlpost.core.contract import PromptBatch, RewardScores
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, validate
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_distributed_section_validation(tmp_path, monkeypatch):
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"optimizer": {"type": "AdamW"}, "scheduler": {}, "zero_optimization": {"stage": 3}}))
     cfg = toy_recipe(str(tmp_path / "r"), max_steps=1)
@@ -57,7 +58,7 @@ def test_distributed_section_validation(tmp_path, monkeypatch):
 
 def test_ema_with_zero3_nvme_parameter_offload_is_rejected(tmp_path, monkeypatch):
     """The EMA is swapped into the parameter partitions, which NVMe offload keeps on disk: refused before loading."""
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}))
     cfg = toy_recipe(str(tmp_path / "r"), max_steps=1)
@@ -86,7 +87,7 @@ def _tree_recipe(
 def test_advantages_with_groups_and_trees_split_across_two_ranks(tmp_path, tiny_sd3_dir):
     """A fake 2-rank world: the advantages each rank slices back from the gathered view equal the single-rank ones
     exactly, both when whole groups sit on different ranks and when one group's two trees do."""
-    host = PluginHost()
+    host = build_host()
     recipe = validate(_tree_recipe(tiny_sd3_dir, tmp_path / "r", host), host)
     recipe.model.setup(torch.device("cpu"))
     reward = recipe.rewards[0]
@@ -208,7 +209,7 @@ def two_rank_zero2(request, tmp_path_factory):
     """Two TreeGRPO iterations on two CPU ranks with ZeRO-2, a checkpoint after each (tiny SD3 and tiny FLUX)."""
     fixture, recipe = _FAMILIES[request.param]
     tmp = tmp_path_factory.mktemp(f"ds-{request.param}")
-    host = PluginHost()
+    host = build_host()
     cfg = _tree_recipe(request.getfixturevalue(fixture), tmp / "two", host, recipe, zero_stage=2)
     cfg["checkpoint"] = {"every": 1, "keep_last": 0}
     _launch(_write(tmp, "two", cfg), 2)

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from rlpost.core.plugins import PluginHost
+from rlpost.apps.host import build_host
 from tests.unit.test_distributed import _assert_same, _launch, _tree_recipe, _weights, _write
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -35,7 +35,7 @@ def _ema_recipe(tiny_sd3_dir: Path, out: Path, **distributed: Any) -> dict[str, 
     The learning rate is large so that the live and EMA weights differ visibly in the evaluation images: an
     evaluation or artefact that missed the EMA weights does not match the reference.
     """
-    cfg = _tree_recipe(tiny_sd3_dir, out, PluginHost(), **distributed)
+    cfg = _tree_recipe(tiny_sd3_dir, out, build_host(), **distributed)
     cfg["torch_optimizer"]["init_args"]["lr"] = 0.05
     cfg["ema"] = {"decay": DECAY}
     cfg["checkpoint"] = {"every": 1, "keep_last": 0}

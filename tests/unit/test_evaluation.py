@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from rlpost import hookimpl
+from rlpost.apps.host import build_host
 from rlpost.core.api import RewardSource
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, validate
@@ -39,7 +40,7 @@ def rlpost_register_reward_sources(register: Any) -> None:
 
 @pytest.fixture
 def host() -> PluginHost:
-    return PluginHost(load_entrypoints=False, extra_plugins=(toy_components, sys.modules[__name__]))
+    return build_host(load_entrypoints=False, extra_plugins=(toy_components, sys.modules[__name__]))
 
 
 def _cfg(tmp_path, **eval_args):

@@ -15,7 +15,7 @@ from PIL import Image
 
 from rlpost.apps import cli
 from rlpost.apps.export import _model_card
-from rlpost.core.plugins import PluginHost
+from rlpost.apps.host import build_host
 from rlpost.engine.recipe import validate
 from rlpost.engine.runner import Runner
 from tests import toy_components
@@ -27,7 +27,7 @@ _find_spec = importlib.util.find_spec
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory, tiny_sd3_dir):
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     out = tmp_path_factory.mktemp("export") / "run"
     cfg = {
         "run": {"seed": 0, "output_dir": str(out), "max_steps": 2, "groups_per_step": 1, "samples_per_group": 2,

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from rlpost.apps.host import build_host
 from rlpost.core.api import EdgeEval
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.checkpoint import CheckpointError, list_checkpoints
@@ -21,7 +22,7 @@ from tests.toy_components import toy_recipe
 
 @pytest.fixture
 def host() -> PluginHost:
-    return PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    return build_host(load_entrypoints=False, extra_plugins=(toy_components,))
 
 
 def _runner(tmp_path, host, policy: str, steps: int = 3) -> Runner:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from rlpost import hookimpl
+from rlpost.apps.host import build_host
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import validate
 from rlpost.engine.runner import Runner
@@ -57,7 +58,7 @@ class Probe:
 @pytest.fixture
 def probed(tmp_path):
     probe = Probe()
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     host.register_plugin(probe, name="probe")
     runner = Runner(validate(toy_recipe(str(tmp_path / "run"), max_steps=2), host), host)
     runner.run()
@@ -106,7 +107,7 @@ def test_hook_rlpost_after_run(probed):
 
 def test_hook_rlpost_after_run_reports_failure(tmp_path):
     probe = Probe()
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     host.register_plugin(probe, name="probe")
     recipe = validate(toy_recipe(str(tmp_path / "run"), max_steps=1), host)
     recipe.rewards[0].score = lambda *a: (_ for _ in ()).throw(RuntimeError("reward server down"))  # type: ignore[method-assign]
@@ -137,7 +138,7 @@ def _registration_host(hook_name: str, cls: type) -> PluginHost:
         register(cls)
 
     setattr(Plugin, hook_name, staticmethod(hookimpl(impl)))
-    return PluginHost(load_entrypoints=False, extra_plugins=(Plugin(),))
+    return build_host(load_entrypoints=False, extra_plugins=(Plugin(),))
 
 
 def test_hook_rlpost_register_samplers():
@@ -158,7 +159,7 @@ def test_hook_rlpost_register_reward_sources():
 
 def test_hook_rlpost_register_optimizers():
     # The core registers the shared clipped-surrogate rule through this hook.
-    host = PluginHost(load_entrypoints=False)
+    host = build_host(load_entrypoints=False)
     entry = host.registry("optimizer").get("clipped-surrogate")
     assert entry.plugin == "rlpost.components.builtin" and entry.distribution == "rlpost"
 
@@ -169,5 +170,5 @@ def test_hook_rlpost_register_models():
 
 
 def test_hook_rlpost_register_prompt_sources():
-    host = PluginHost(load_entrypoints=False)
+    host = build_host(load_entrypoints=False)
     assert {"prompt-list", "prompt-file", "hf-dataset"} <= set(host.registry("prompts").names())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpost.apps.host import build_host
 from rlpost.core import hookspecs
 from rlpost.core.context import RunContext
 from rlpost.core.hookspecs import hookimpl
@@ -46,7 +47,7 @@ def test_wrapper_names_the_failing_plugin(tmp_path: Path) -> None:
         def rlpost_after_step(self, run: RunContext, metrics: dict[str, float]) -> None:
             raise ValueError("nope")
 
-    host = PluginHost(load_entrypoints=False)
+    host = build_host(load_entrypoints=False)
     host.register_plugin(Boom(), name="boom")
     ctx = RunContext(recipe=None, output_dir=tmp_path)  # type: ignore[arg-type]  # hooks here read no recipe
     with pytest.raises(PluginRuntimeError, match="hook rlpost_after_step of plugin 'boom'.*ValueError: nope"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from rlpost.core.plugins import PluginHost
+from rlpost.apps.host import build_host
 from rlpost.engine.logging_ import flat_hparams
 from rlpost.engine.recipe import validate
 from rlpost.engine.runner import Runner
@@ -44,7 +44,7 @@ def test_tensorboard_gets_grids_recipe_and_hparams(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     run = tmp_path / "run"
     cfg = toy_recipe(str(run), max_steps=3, device="cpu")
     cfg["logging"] = {"tensorboard": True, "grid_every": 1}

@@ -20,7 +20,7 @@ def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _one_step_metrics(tiny_sd3_dir: Path, out: Path, *overrides: str) -> dict[str, Any]:
     from rlpost.apps import cli
-    from rlpost.core.plugins import reset_host
+    from rlpost.apps.host import reset_host
 
     reset_host(None)
     try:

@@ -14,9 +14,10 @@ import yaml
 from torch import Tensor
 
 from rlpost import hookimpl
+from rlpost.apps.host import build_host, reset_host
 from rlpost.core.api import RewardSource
 from rlpost.core.plugin_errors import PluginRuntimeError
-from rlpost.core.plugins import PluginHost, reset_host
+from rlpost.core.plugins import PluginHost
 from rlpost.engine.checkpoint import list_checkpoints, verify_checkpoint
 from rlpost.engine.recipe import validate
 from rlpost.engine.runner import Runner
@@ -75,7 +76,7 @@ class HookPlugin:
 
 
 def _host(*extra: object) -> PluginHost:
-    return PluginHost(load_entrypoints=False, extra_plugins=(toy_components, RewardPlugin(), *extra))
+    return build_host(load_entrypoints=False, extra_plugins=(toy_components, RewardPlugin(), *extra))
 
 
 def _cfg(tmp_path: Path, policy: str, mode: str | None = None, steps: int = 3) -> dict[str, Any]:

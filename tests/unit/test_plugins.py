@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpost.apps.host import build_host
 from rlpost.core.plugins import PluginHost
 from rlpost.core.registry import ContestedComponentError
 
@@ -86,7 +87,7 @@ def _by_name(host: PluginHost) -> dict:
 
 
 def test_first_party_plugins_load_through_entry_points():
-    infos = _by_name(PluginHost())
+    infos = _by_name(build_host())
     assert FIRST_PARTY <= set(infos)
     for name in FIRST_PARTY:
         assert infos[name].distribution == "rlpost"
@@ -97,13 +98,13 @@ def test_first_party_plugins_load_through_entry_points():
 def test_tests_never_autoload_third_party_plugins(monkeypatch, site):
     monkeypatch.syspath_prepend(str(site))
     assert os.environ["RLPOST_DISABLE_PLUGIN_AUTOLOAD"] == "1"  # set by tests/conftest.py
-    infos = _by_name(PluginHost())
+    infos = _by_name(build_host())
     assert infos["ok"].status == "disabled"
-    assert "greenness" not in PluginHost().registry("reward")
+    assert "greenness" not in build_host().registry("reward")
 
 
 def test_installed_external_plugin_registers_its_reward(third_party):
-    host = PluginHost()
+    host = build_host()
     info = _by_name(host)["ok"]
     assert (info.status, info.distribution, info.version) == ("ok", "rlpost-plugin-ok", "1.2.3")
     assert info.components == ["reward:greenness"]
@@ -113,7 +114,7 @@ def test_installed_external_plugin_registers_its_reward(third_party):
 
 
 def test_broken_plugin_is_reported_and_skipped(third_party):
-    infos = _by_name(PluginHost())
+    infos = _by_name(build_host())
     broken = infos["broken"]
     assert broken.status == "error"
     assert broken.error == "RuntimeError: this plugin is broken on purpose"
@@ -123,27 +124,27 @@ def test_broken_plugin_is_reported_and_skipped(third_party):
 
 def test_allowlist_empty_means_no_third_party(third_party, monkeypatch):
     monkeypatch.setenv("RLPOST_LOAD_PLUGINS", "")
-    infos = _by_name(PluginHost())
+    infos = _by_name(build_host())
     assert infos["ok"].status == "not-allowed" and infos["broken"].status == "not-allowed"
     assert infos["treegrpo"].status == "ok"  # first-party plugins are not third-party
 
 
 def test_allowlist_by_plugin_or_distribution(third_party, monkeypatch):
     monkeypatch.setenv("RLPOST_LOAD_PLUGINS", "rlpost-plugin-ok")
-    infos = _by_name(PluginHost())
+    infos = _by_name(build_host())
     assert infos["ok"].status == "ok" and infos["broken"].status == "not-allowed"
 
 
 def test_blocklist(third_party, monkeypatch):
     monkeypatch.setenv("RLPOST_BLOCK_PLUGINS", "ok,broken,ddpo")
-    infos = _by_name(PluginHost())
+    infos = _by_name(build_host())
     assert {infos[n].status for n in ("ok", "broken", "ddpo")} == {"blocked"}
-    assert "greenness" not in PluginHost().registry("reward")
+    assert "greenness" not in build_host().registry("reward")
 
 
 def test_duplicate_component_name_names_both_distributions(third_party, dupe_site, monkeypatch):
     monkeypatch.syspath_prepend(str(dupe_site))
-    host = PluginHost()
+    host = build_host()
     infos = _by_name(host)
     statuses = sorted([infos["ok"].status, infos["dupe"].status])
     assert statuses == ["error", "ok"]
@@ -155,14 +156,14 @@ def test_duplicate_component_name_names_both_distributions(third_party, dupe_sit
 def test_duplicate_component_name_is_refused_in_a_recipe_until_qualified(third_party, dupe_site, monkeypatch):
     """Neither third-party 'greenness' is picked silently: the recipe must say which (or block one)."""
     monkeypatch.syspath_prepend(str(dupe_site))
-    host = PluginHost()
+    host = build_host()
     with pytest.raises(
         ContestedComponentError, match=r"'greenness' is contested.*rlpost-plugin-dupe.*rlpost-plugin-ok"
     ):
         host.registry("reward").get("greenness")
     assert host.registry("reward").get("rlpost-plugin-dupe:greenness").distribution == "rlpost-plugin-dupe"
     monkeypatch.setenv("RLPOST_BLOCK_PLUGINS", "rlpost-plugin-dupe")
-    assert PluginHost().registry("reward").get("greenness").distribution == "rlpost-plugin-ok"
+    assert build_host().registry("reward").get("greenness").distribution == "rlpost-plugin-ok"
 
 
 # ------------------------------------------------------------------------------------------- hostile plugins
@@ -194,7 +195,7 @@ def _on_path(monkeypatch, site: Path, first: bool) -> None:
 @pytest.mark.parametrize("hostile_first", [True, False], ids=["hostile-first-on-path", "hostile-last-on-path"])
 def test_impostor_never_replaces_a_builtin_reward(third_party, hostile_site, monkeypatch, hostile_first):
     _on_path(monkeypatch, hostile_site, hostile_first)
-    host = PluginHost()
+    host = build_host()
     infos = _by_name(host)
     rewards = infos["rewards"]
     assert (rewards.status, rewards.distribution) == ("ok", "rlpost"), rewards.error
@@ -217,7 +218,7 @@ def test_entry_point_named_like_a_first_party_one_does_not_disable_it(
     third_party, hostile_site, monkeypatch, hostile_first
 ):
     _on_path(monkeypatch, hostile_site, hostile_first)
-    host = PluginHost()
+    host = build_host()
     infos = _by_name(host)
     assert infos["rewards"].status == "ok" and infos["rewards"].distribution == "rlpost"
     assert len(infos["rewards"].components) >= 8
@@ -231,7 +232,7 @@ def test_entry_point_named_like_a_first_party_one_does_not_disable_it(
 def test_blocking_a_first_party_plugin_does_not_hand_its_name_over(third_party, hostile_site, monkeypatch):
     monkeypatch.syspath_prepend(str(hostile_site))
     monkeypatch.setenv("RLPOST_BLOCK_PLUGINS", "rlpost:rewards")  # plain "rewards" would block both
-    host = PluginHost()
+    host = build_host()
     infos = _by_name(host)
     assert infos["rewards"].status == "blocked"
     assert infos["rlpost-plugin-shadow:rewards"].status == "error"
@@ -241,7 +242,7 @@ def test_blocking_a_first_party_plugin_does_not_hand_its_name_over(third_party, 
 @pytest.mark.parametrize("twin_first", [True, False], ids=["twin-first-on-path", "twin-last-on-path"])
 def test_two_third_party_entry_points_with_one_name_are_both_refused(third_party, twin_site, monkeypatch, twin_first):
     _on_path(monkeypatch, twin_site, twin_first)
-    host = PluginHost()
+    host = build_host()
     infos = _by_name(host)
     assert "ok" not in infos
     for key in ("rlpost-plugin-ok:ok", "rlpost-plugin-twin:ok"):
@@ -250,7 +251,7 @@ def test_two_third_party_entry_points_with_one_name_are_both_refused(third_party
     assert "greenness" not in host.registry("reward") and "twin-reward" not in host.registry("reward")
     # Blocking one (by qualified name) lets the other load under its plain name.
     monkeypatch.setenv("RLPOST_BLOCK_PLUGINS", "rlpost-plugin-twin:ok")
-    infos = _by_name(PluginHost())
+    infos = _by_name(build_host())
     assert infos["ok"].status == "ok" and infos["ok"].distribution == "rlpost-plugin-ok"
 
 
@@ -266,7 +267,7 @@ def test_recipe_naming_a_contested_reward_is_refused_before_anything_loads(
     from tests.toy_components import toy_recipe
 
     monkeypatch.syspath_prepend(str(hostile_site))
-    host = PluginHost(extra_plugins=(toy_components,))
+    host = build_host(extra_plugins=(toy_components,))
     cfg = toy_recipe(str(tmp_path / "run"), max_steps=1)
     cfg["rewards"] = ["jpeg-compressibility"]
     with pytest.raises(RecipeError) as err:
@@ -324,6 +325,20 @@ def test_cli_plugins_list_json_keeps_working_with_a_broken_plugin(site):
         assert key in infos["ok"]
 
 
+def test_the_core_host_registers_the_builtins_it_is_given():
+    # rlpost.core names no module above it: the top layer (rlpost.apps.host) hands it rlpost's built-ins.
+    bare = PluginHost((), load_entrypoints=False)
+    assert bare.plugins(include_builtin=True) == []
+    assert "group-zscore" not in bare.registry("advantage")
+    host = build_host(load_entrypoints=False)
+    builtins = [info.name for info in host.plugins(include_builtin=True) if info.builtin]
+    assert builtins == sorted(
+        ["rlpost.components.builtin", "rlpost.components.prompts", "rlpost.models.sd3", "rlpost.models.flux"]
+        + ["rlpost.apps.reporting"]
+    )
+    assert "group-zscore" in host.registry("advantage")
+
+
 def test_cli_plugins_list_all_includes_builtins(site):
     proc = _cli(["plugins", "list", "--json", "--all"], site)
     names = {p["name"] for p in json.loads(proc.stdout)}
@@ -354,7 +369,7 @@ def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_p
     monkeypatch.syspath_prepend(str(target))
     monkeypatch.setenv("RLPOST_LOAD_PLUGINS", "rlpost-reward-example")
     monkeypatch.delitem(sys.modules, "rlpost_reward_example", raising=False)
-    host = PluginHost(extra_plugins=(toy_components,))
+    host = build_host(extra_plugins=(toy_components,))
     assert host.registry("reward").get("brightness").distribution == "rlpost-reward-example"
     cfg = toy_recipe(str(tmp_path / "run"), max_steps=1)
     cfg["rewards"] = ["brightness"]
@@ -365,15 +380,15 @@ def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_p
 def test_digits_world_is_a_blockable_first_party_plugin(monkeypatch):
     # The digits world is an entry point of distribution rlpost, not a core module: blocking it removes its
     # components like any other plugin's (needs the `digits` entry point installed: `pip install -e .` again).
-    from rlpost.core.plugins import DEFAULT_PLUGINS
+    from rlpost.apps.host import DEFAULT_PLUGINS
 
-    assert not any("digits" in name for name in DEFAULT_PLUGINS)
-    loaded = PluginHost()
+    assert not any("digits" in module.__name__ for module in DEFAULT_PLUGINS)
+    loaded = build_host()
     assert _by_name(loaded)["digits"].status == "ok"
     assert {"digit-alignment", "digit-judge"} <= set(loaded.registry("reward").names())
     assert "digit-prompts" in loaded.registry("prompts").names()
     monkeypatch.setenv("RLPOST_BLOCK_PLUGINS", "digits")
-    blocked = PluginHost()
+    blocked = build_host()
     assert _by_name(blocked)["digits"].status == "blocked"
     assert not {"digit-alignment", "digit-judge"} & set(blocked.registry("reward").names())
     assert "digit-prompts" not in blocked.registry("prompts").names()

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from rlpost.components.prompts import HFDatasetPrompts, PromptFile, PromptList, PromptStream
+from rlpost.components.hub_prompts import HFDatasetPrompts
+from rlpost.components.prompt_sources import PromptFile, PromptList
+from rlpost.components.prompts import PromptStream
 
 
 def test_text_jsonl_json_csv(tmp_path):

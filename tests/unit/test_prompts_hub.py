@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlpost.components.prompts import HFDatasetPrompts, _file_columns
+from rlpost.components.hub_prompts import HFDatasetPrompts, _file_columns
 from tests.weights_standins import hub_dataset_standin
 
 TRAIN = [

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rlpost.apps import cli
-from rlpost.core.plugins import PluginHost, reset_host
+from rlpost.apps.host import build_host, reset_host
 from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.sd3 import SD3Policy
 from tests import toy_components
@@ -98,7 +98,7 @@ def test_cli_overrides_parse_yaml_values_and_target_init_args():
 
 
 def test_components_resolve_by_name_class_name_or_class_path(tmp_path):
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     for ref in ("toy-chain", "ToyChainSampler", "tests.toy_components.ToyChainSampler"):
         cfg = toy_recipe(str(tmp_path))
         cfg["sampler"] = {"class_path": ref, "num_steps": 2}  # flat shorthand for init_args
@@ -107,7 +107,7 @@ def test_components_resolve_by_name_class_name_or_class_path(tmp_path):
 
 
 def test_all_problems_are_reported_at_once(tmp_path):
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     cfg = toy_recipe(str(tmp_path))
     cfg["advantage"] = "toy-tree-only"
     cfg["run"]["groups_per_step"] = 0
@@ -154,7 +154,7 @@ def test_unknown_nested_option_names_its_field_path_and_the_nearest_name(capsys)
 
 
 def test_unknown_reward_option_with_no_close_name_lists_the_options(tmp_path):
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     cfg = toy_recipe(str(tmp_path))
     cfg["rewards"] = [{"class_path": "toy-brightness", "init_args": {"zzzzzz": 1}}]
     with pytest.raises(RecipeError) as err:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rlpost.apps import cli
-from rlpost.core.plugins import reset_host
+from rlpost.apps.host import reset_host
 from rlpost.core.yaml_limits import MAX_BYTES, MAX_DEPTH, MAX_NODES, YamlLimitError, load_yaml, short_repr
 from rlpost.engine.recipe import MAX_PROBLEM_CHARS, RecipeError, merge_sources
 from rlpost.models.sd3 import SD3Policy

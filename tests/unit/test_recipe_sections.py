@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from rlpost.core.plugins import PluginHost
+from rlpost.apps.host import build_host
 from rlpost.engine.checkpoint import CheckpointConfig
-from rlpost.engine.distributed import DistributedConfig
+from rlpost.engine.distributed_config import DistributedConfig
 from rlpost.engine.ema import EMAConfig
 from rlpost.engine.evaluation import EvalSettings
 from rlpost.engine.guards import GuardConfig
@@ -67,7 +67,7 @@ def test_config_problems_name_the_field_relative_to_the_section(config, expected
 
 def test_recipe_prefixes_each_config_problem_with_its_section(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"gradient_accumulation_steps": 4}))
     cfg = toy_recipe(str(tmp_path / "r"), log_every=0)

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from rlpost.apps import reporting
-from rlpost.core.plugins import DEFAULT_PLUGINS
+from rlpost.apps.host import DEFAULT_PLUGINS
 from rlpost.ops.images import save_images
 
 PROMPTS = ["a picture of the digit three", "the handwritten number 7", "a two drawn by hand"]
@@ -117,7 +117,7 @@ def test_grid_needs_two_evaluations_and_images(tmp_path: Path) -> None:
 
 
 def test_hook_is_registered_and_skips_non_main_ranks(tmp_path: Path) -> None:
-    assert "rlpost.apps.reporting" in DEFAULT_PLUGINS
+    assert reporting in DEFAULT_PLUGINS
     run = tmp_path / "run"
     _fake_run(run)
     reporting.rlpost_after_run(run=SimpleNamespace(is_main_process=False, output_dir=run), status="completed")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlpost.apps import cli
+from rlpost.apps.host import build_host
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.checkpoint import CheckpointError, list_checkpoints
 from rlpost.engine.recipe import validate
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def host() -> PluginHost:
-    return PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    return build_host(load_entrypoints=False, extra_plugins=(toy_components,))
 
 
 def _cfg(out: Path, steps: int, **run):
@@ -120,9 +121,7 @@ def test_exact_resume_tiny_sd3_tree(tmp_path, tiny_sd3_dir):
     """Bitwise LoRA equality with the real tree sampler on the tiny SD3 (2 steps vs 1 + resume + 1)."""
     import yaml
 
-    from rlpost.core.plugins import PluginHost as Host
-
-    h = Host()
+    h = build_host()
     base = yaml.safe_load((ROOT / "recipes/tiny/treegrpo.yaml").read_text())
     base["model"]["init_args"]["pretrained"] = str(tiny_sd3_dir)
     base["sampler"]["init_args"].update({"k": 2, "depth": 1})

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from rlpost.apps import cli
 from rlpost.apps.export import export_run
+from rlpost.apps.host import build_host
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.checkpoint import CheckpointError, find_checkpoint, read_checkpoint, write_checkpoint
 from rlpost.engine.recipe import validate
@@ -23,7 +24,7 @@ from tests.toy_components import toy_recipe
 
 @pytest.fixture
 def host() -> PluginHost:
-    return PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    return build_host(load_entrypoints=False, extra_plugins=(toy_components,))
 
 
 def _cfg(out: Path, steps: int) -> dict:

@@ -8,6 +8,7 @@ import pytest
 import torch
 import yaml
 
+from rlpost.apps.host import build_host
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import validate
 from rlpost.engine.runner import Runner
@@ -17,7 +18,7 @@ from tests.toy_components import toy_recipe
 
 @pytest.fixture
 def host() -> PluginHost:
-    return PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    return build_host(load_entrypoints=False, extra_plugins=(toy_components,))
 
 
 def test_runner_end_to_end(tmp_path, host):

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from rlpost.apps.host import build_host
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.plugin_errors import PluginRuntimeError
-from rlpost.core.plugins import PluginHost
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
 from rlpost.engine.recipe import validate
 from rlpost.engine.runner import Runner
@@ -42,7 +42,7 @@ class Recorder:
 
 
 def _runner(tmp_path: Any, name: str, plugin: Recorder, steps: int = 2) -> Runner:
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components, plugin))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components, plugin))
     return Runner(validate(toy_recipe(str(tmp_path / name), max_steps=steps), host), host)
 
 

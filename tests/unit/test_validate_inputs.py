@@ -9,10 +9,12 @@ import torch
 import yaml
 
 from rlpost.apps import cli
-from rlpost.components.prompts import HFDatasetPrompts, PromptFile
+from rlpost.apps.host import build_host
+from rlpost.components.hub_prompts import HFDatasetPrompts
+from rlpost.components.prompt_sources import PromptFile
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import device_problem
-from rlpost.models._common import LoraSpec
+from rlpost.models.adapter_settings import LoraSpec
 from rlpost.models.sd3 import SD3Policy
 from tests import toy_components
 from tests.toy_components import toy_recipe
@@ -21,7 +23,7 @@ from tests.weights_standins import write_sd3_standin
 
 @pytest.fixture
 def host() -> PluginHost:
-    return PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    return build_host(load_entrypoints=False, extra_plugins=(toy_components,))
 
 
 # ------------------------------------------------------------------------------------------------- devices

@@ -18,7 +18,7 @@ PROMPTS = ["a red cube", "a blue sphere"]
 def policies(tiny_sd3_dir: Any) -> dict[float, Any]:
     """One tiny SD3 policy per guidance scale (1.0: no CFG; 3.0: CFG doubles the transformer batch), with LoRA."""
     from rlpost.models import SD3Policy
-    from rlpost.models._common import LoraSpec
+    from rlpost.models.adapter_settings import LoraSpec
 
     out = {}
     for g in (1.0, 3.0):

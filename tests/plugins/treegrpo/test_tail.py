@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from rlpost.core.api import Conditioning, Policy
 from rlpost.core.contract import PromptBatch, Rollout
-from rlpost.ops.kernels import dpm_solver_pp2_step
+from rlpost.ops.dpm_solver import dpm_solver_pp2_step
 from rlpost_treegrpo.sampler import TreeSampler
 from tests.tolerances import assert_fp32_close
 

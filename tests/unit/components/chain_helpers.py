@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from rlpost.apps.host import build_host
 from rlpost.core.api import Sampler
 from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.core.hookspecs import hookimpl
@@ -52,12 +53,10 @@ class WeightProbe:
 def train_two_iterations(recipe: str, tiny_sd3_dir: Path, out: Path) -> tuple[list[dict[str, Any]], WeightProbe]:
     """Run ``rlpost train`` for 2 steps on the tiny SD3 through the CLI; returns the metrics lines and the probe."""
     from rlpost.apps.cli import main
-    from rlpost.core.plugins import PluginHost, reset_host
+    from rlpost.apps.host import get_host, reset_host
 
     probe = WeightProbe()
-    reset_host(PluginHost())
-    from rlpost.core.plugins import get_host
-
+    reset_host(build_host())
     get_host().register_plugin(probe, name="test-weight-probe")
     try:
         rc = main(

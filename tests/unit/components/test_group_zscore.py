@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlpost.apps.host import build_host
 from rlpost.components.chain import edge_sample_ids, node_sample_ids
 from rlpost.components.group_zscore import GroupZScoreAdvantage
 from rlpost.core.contract import PromptBatch, RewardScores
@@ -91,7 +92,5 @@ def test_tree_rollouts_are_rejected() -> None:
 
 
 def test_registered_as_core_component() -> None:
-    from rlpost.core.plugins import PluginHost
-
-    host = PluginHost(load_entrypoints=False)
+    host = build_host(load_entrypoints=False)
     assert host.registry("advantage").get("group-zscore").cls is GroupZScoreAdvantage

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from rlpost.apps.host import build_host
 from rlpost.components.prompt_selection import SpreadFilter, group_spreads
 from rlpost.components.prompts import PromptStream
 from rlpost.core.contract import RewardScores
@@ -106,7 +107,7 @@ def test_stream_state_round_trips_the_selector_and_reads_old_checkpoints():
 
 @pytest.fixture
 def host() -> PluginHost:
-    return PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    return build_host(load_entrypoints=False, extra_plugins=(toy_components,))
 
 
 def test_recipe_rejects_bad_selection_settings(tmp_path, host):

@@ -14,6 +14,7 @@ import yaml
 from PIL import Image
 
 from rlpost.apps import cli
+from rlpost.apps.host import build_host
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, validate
 from rlpost.engine.runner import Runner
@@ -63,7 +64,7 @@ def _dance(model: dict[str, Any], **sampler: Any) -> dict[str, Any]:
 def test_sampler_validation_asks_the_adapter_about_its_grid(tiny_flux_dir: Path, tiny_sd3_dir: Path) -> None:
     """DanceGRPO's penultimate SDE step is refused on SD3's diffusers grid (it lands on sigma_min) but allowed on
     FLUX's diffusers grid, which ends shift(1/T) -> 0; DDPO's sampled final step is refused on FLUX's."""
-    host = PluginHost()
+    host = build_host()
     flux = {"class_path": "flux", "init_args": {"pretrained": str(tiny_flux_dir), "resolution": 32}}
     sd3 = {"class_path": "sd3", "init_args": {"pretrained": str(tiny_sd3_dir), "resolution": 32}}
     validate(_dance(flux, penultimate_step="sde"), host)  # time_grid "diffusers" (the default)
@@ -78,7 +79,7 @@ def test_sampler_validation_asks_the_adapter_about_its_grid(tiny_flux_dir: Path,
 
 @pytest.fixture(scope="module")
 def flux_lora_run(tmp_path_factory: pytest.TempPathFactory, tiny_flux_dir: Path) -> tuple[Path, PluginHost]:
-    host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     out = tmp_path_factory.mktemp("flux-export") / "run"
     cfg = {
         "run": {"seed": 0, "output_dir": str(out), "max_steps": 2, "groups_per_step": 1, "samples_per_group": 2,

@@ -8,7 +8,8 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 from safetensors.torch import load_file
 
-from rlpost.models.tiny import build_tiny_sd3, main, write_clip_tokenizer_files
+from rlpost.models.tiny import build_tiny_sd3, main
+from rlpost.models.tiny_text import write_clip_tokenizer_files
 
 
 def _dir_size(path: Path) -> int:

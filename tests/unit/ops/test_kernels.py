@@ -9,11 +9,11 @@ import torch
 from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
 from torch.distributions import Normal
 
+from rlpost.ops.dpm_solver import DPMSolverPP2
 from rlpost.ops.kernels import (
     KERNELS,
     CPSKernel,
     DanceGRPOSDE,
-    DPMSolverPP2,
     EulerODE,
     FlowGRPOSDE,
     StepKernel,

@@ -1,0 +1,135 @@
+"""Finding and checking a diffusers pipeline directory before loading it: a local directory or a hub id from the local
+cache only (nothing is downloaded at training time), each missing piece named in a :class:`ModelDirError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = [
+    "ModelDirError",
+    "cached_snapshot",
+    "check_pipeline_dir",
+    "is_local_path",
+    "quiet_hf_progress_bars",
+    "resolution_problems",
+]
+
+
+class ModelDirError(FileNotFoundError):
+    """A model directory is missing or is not a loadable diffusers pipeline; the message names what is missing."""
+
+
+def is_local_path(name: str) -> bool:
+    """Whether ``name`` denotes a local directory rather than a hub id (``owner/name``).
+
+    A name that exists on disk is local; so is anything path-shaped (absolute, ``./``, ``../``, ``~``, or not
+    exactly one ``/``), which lets a mistyped local path fail with "directory does not exist" instead of a hub error.
+    """
+    if Path(name).expanduser().exists():
+        return True
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name.count("/") != 1
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
+
+
+def check_pipeline_dir(path: Path, required: Iterable[str], weighted: Iterable[str]) -> None:
+    """Check a local diffusers pipeline directory before handing it to ``from_pretrained``.
+
+    Args:
+        path: The pipeline directory.
+        required: Component names that must be present in ``model_index.json`` and on disk.
+        weighted: Components (among those present) that must hold a ``config.json`` and weights.
+
+    Raises:
+        ModelDirError: Naming the first missing piece (directory, ``model_index.json``, a component entry, a
+            component subfolder, its config or its weights).
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelDirError(f"model directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise ModelDirError(f"model path {str(path)!r} is a file, expected a diffusers pipeline directory")
+    index_file = path / "model_index.json"
+    if not index_file.is_file():
+        raise ModelDirError(
+            f"{str(path)!r} is not a diffusers pipeline directory: missing model_index.json "
+            "(save a pipeline with save_pretrained or download the full repository)"
+        )
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelDirError(f"{str(index_file)!r} is not valid JSON: {e}") from e
+    if not isinstance(index, dict):
+        raise ModelDirError(f"{str(index_file)!r} is malformed: expected a JSON object")
+    present = {k for k, v in index.items() if isinstance(v, list) and len(v) == 2 and v[0] is not None}
+    for comp in required:
+        if comp not in present:
+            raise ModelDirError(f"{str(index_file)!r} does not declare the required component {comp!r}")
+    weighted = set(weighted)
+    for comp in sorted(present):
+        sub = path / comp
+        if not sub.is_dir():
+            raise ModelDirError(
+                f"model directory {str(path)!r} is missing the {comp}/ subfolder (see model_index.json)"
+            )
+        if comp in weighted:
+            if not (sub / "config.json").is_file():
+                raise ModelDirError(f"{str(sub)!r} is missing config.json")
+            if not any(f.name.endswith(_WEIGHT_SUFFIXES) for f in sub.iterdir()):
+                raise ModelDirError(f"{str(sub)!r} holds no weights (*.safetensors or *.bin)")
+        elif comp == "scheduler" and not (sub / "scheduler_config.json").is_file():
+            raise ModelDirError(f"{str(sub)!r} is missing scheduler_config.json")
+
+
+def cached_snapshot(repo_id: str) -> Path:
+    """The local-cache snapshot directory of hub model ``repo_id`` (a file-system lookup; nothing is downloaded).
+
+    Raises:
+        ModelDirError: The model is not in the local Hugging Face cache.
+    """
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception as e:  # noqa: BLE001 - LocalEntryNotFoundError, or a malformed id (HFValidationError)
+        raise ModelDirError(
+            f"{repo_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and rlpost does not "
+            f"download at training time ({type(e).__name__}); download it first (huggingface-cli download {repo_id}) "
+            "or give a local pipeline directory"
+        ) from None
+
+
+def resolution_problems(path: Path, resolution: int) -> list[str]:
+    """Why an image of ``resolution`` pixels does not fit the pipeline in ``path``, read from its ``vae`` and
+    ``transformer`` ``config.json``: it must be a multiple of VAE factor x patch size, and its latent patches must fit
+    the transformer's positional embedding (``pos_embed_max_size``). Missing or unreadable configs check nothing."""
+    try:
+        vae = json.loads((path / "vae" / "config.json").read_text(encoding="utf-8"))
+        transformer = json.loads((path / "transformer" / "config.json").read_text(encoding="utf-8"))
+        vae_factor = 2 ** (len(vae["block_out_channels"]) - 1)
+        patch = int(transformer.get("patch_size", 1))
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    factor = vae_factor * patch
+    if resolution % factor:
+        return [f"{resolution} is not a multiple of {factor} (VAE factor {vae_factor} x patch size {patch})"]
+    max_patches = transformer.get("pos_embed_max_size")
+    if isinstance(max_patches, int) and resolution // factor > max_patches:
+        return [
+            f"{resolution} is too large for this model: at most {max_patches * factor} "
+            f"(pos_embed_max_size {max_patches} patches x {factor} pixels)"
+        ]
+    return []
+
+
+def quiet_hf_progress_bars() -> None:
+    """Loading bars from diffusers/transformers would interleave with rlpost's own progress display."""
+    import diffusers.utils.logging as dlog
+    import transformers.utils.logging as tlog
+
+    dlog.disable_progress_bar()
+    tlog.disable_progress_bar()  # type: ignore[no-untyped-call]
