@@ -126,7 +126,8 @@ class Runner:
             self.evaluator = Evaluator(r.eval, r.model, self.rundir.path)
             self.evaluator.setup(self.device, already_set_up=r.rewards)
         if self.ctx.is_main_process:
-            self.logger = MetricsLogger(self.rundir, r.logging, self.rundir.path.name, r.config)
+            resumed = checkpoint.step if checkpoint is not None else None
+            self.logger = MetricsLogger(self.rundir, r.logging, self.rundir.path.name, r.config, resumed)
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
 
