@@ -46,6 +46,7 @@ from rlpost.core.context import RecipeView, RunContext, RunSettings
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
+from rlpost.engine.lr_schedule import RunLengthLR
 from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, dpm_solver_pp2_step, make_kernel
 from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
@@ -95,6 +96,7 @@ __all__ = [
     "Rollout",
     "RolloutBuilder",
     "RunContext",
+    "RunLengthLR",
     "RunSettings",
     "SD3Policy",
     "Sampler",
