@@ -75,7 +75,8 @@ def test_copy_writes_the_recipe_and_never_overwrites_without_force(tmp_path, cap
     # Into an existing directory under the recipe's file name; a destination without a suffix gets the recipe's;
     # the name may carry .yaml and a recipes/ prefix; missing parent folders are made.
     assert cli.main(["recipes", "copy", "recipes/ablations/treegrpo_r07.yaml", str(tmp_path)]) == 0
-    assert (tmp_path / "treegrpo_r07.yaml").read_bytes() == (ROOT / "recipes/ablations/treegrpo_r07.yaml").read_bytes()
+    r07 = (ROOT / "recipes" / "ablations" / "treegrpo_r07.yaml").read_bytes()
+    assert (tmp_path / "treegrpo_r07.yaml").read_bytes() == r07
     assert cli.main(["recipes", "copy", "deepspeed/zero2.json", str(tmp_path / "ds" / "zero")]) == 0
     assert json.loads((tmp_path / "ds" / "zero.json").read_text())["zero_optimization"]["stage"] == 2
     # The copy is a recipe that validates like the shipped one.
