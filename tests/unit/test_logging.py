@@ -19,6 +19,19 @@ from tests.tolerances import assert_pixels_close
 from tests.toy_components import toy_recipe
 
 
+def _tensorboard_recipe(run, max_steps: int, grid_every: int = 0) -> dict:
+    """A toy recipe logging to TensorBoard, evaluated on two held-out prompts at step 0, every 2 steps and the end."""
+    cfg = toy_recipe(str(run), max_steps=max_steps, device="cpu")
+    cfg["logging"] = {"tensorboard": True, "grid_every": grid_every}
+    cfg["eval"] = {
+        "prompts": {"class_path": "prompt-list", "init_args": {"prompts": ["held out one", "held out two"]}},
+        "num_steps": 2,
+        "every": 2,
+        "batch_size": 2,
+    }
+    return cfg
+
+
 def test_flat_hparams_dotted_scalars_only():
     recipe = {
         "run": {"seed": 3, "device": "cpu", "progress": False, "note": None},
@@ -47,15 +60,7 @@ def test_tensorboard_gets_grids_recipe_and_hparams(tmp_path):
 
     host = PluginHost(load_entrypoints=False, extra_plugins=(toy_components,))
     run = tmp_path / "run"
-    cfg = toy_recipe(str(run), max_steps=3, device="cpu")
-    cfg["logging"] = {"tensorboard": True, "grid_every": 1}
-    cfg["eval"] = {
-        "prompts": {"class_path": "prompt-list", "init_args": {"prompts": ["held out one", "held out two"]}},
-        "num_steps": 2,
-        "every": 2,
-        "batch_size": 2,
-    }
-    Runner(validate(cfg, host), host).run()
+    Runner(validate(_tensorboard_recipe(run, 3, grid_every=1), host), host).run()
 
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "tensors": 0, "scalars": 0})
     acc.Reload()
@@ -128,16 +133,7 @@ def test_hparams_session_shows_the_final_metrics_also_after_a_resume(tmp_path):
     run = tmp_path / "run"
 
     def cfg(max_steps: int) -> dict:
-        cfg = toy_recipe(str(run), max_steps=max_steps, device="cpu")
-        cfg["logging"] = {"tensorboard": True}
-        cfg["checkpoint"] = {"every": 1, "keep_last": 5}
-        cfg["eval"] = {
-            "prompts": {"class_path": "prompt-list", "init_args": {"prompts": ["held out one", "held out two"]}},
-            "num_steps": 2,
-            "every": 2,
-            "batch_size": 2,
-        }
-        return cfg
+        return {**_tensorboard_recipe(run, max_steps), "checkpoint": {"every": 1, "keep_last": 5}}
 
     Runner(validate(cfg(3), host), host).run()
     # Resume from step 2 (as after a crash at step 3) and run on to step 4: step 3's first events are orphaned.
