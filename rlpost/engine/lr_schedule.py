@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-__all__ = ["RunLengthAware", "RunLengthLR", "begin_step", "bind_time_budget", "end_step"]
+__all__ = ["RunLengthAware", "RunLengthLR", "begin_step", "bind_time_budget", "end_step", "is_run_length_lr"]
 
 FIELD = "lr_scheduler.init_args"
 """Where the schedule's arguments live in a recipe (its problems name ``lr_scheduler.init_args.<argument>``)."""
@@ -208,7 +208,7 @@ def end_step(
 def bind_time_budget(section: Any, budget_s: float) -> Any:
     """A recipe's ``lr_scheduler`` section with ``budget_s`` filled in when it is a :class:`RunLengthLR` over time
     without one (``rlpost bench`` binds its ``time_budget_s``); any other section is returned unchanged."""
-    if not (isinstance(section, dict) and _is_run_length(section.get("class_path"))):
+    if not (isinstance(section, dict) and is_run_length_lr(section.get("class_path"))):
         return section
     args = section.get("init_args")
     if not isinstance(args, dict) or args.get("over") != "time" or args.get("budget_s") is not None:
@@ -216,8 +216,8 @@ def bind_time_budget(section: Any, budget_s: float) -> Any:
     return {**section, "init_args": {**args, "budget_s": budget_s}}
 
 
-def _is_run_length(class_path: Any) -> bool:
-    """Whether a recipe's ``class_path`` names :class:`RunLengthLR` (dotted path or class name)."""
+def is_run_length_lr(class_path: Any) -> bool:
+    """Whether a recipe's ``class_path`` names :class:`RunLengthLR` or a subclass (dotted path or class name)."""
     if not isinstance(class_path, str):
         return False
     if class_path in ("RunLengthLR", "rlpost.RunLengthLR", f"{__name__}.RunLengthLR"):
