@@ -46,6 +46,7 @@ from rlpost.core.context import RecipeView, RunContext, RunSettings
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
+from rlpost.engine.lr_schedule import RunLengthLR
 from rlpost.ops.dpm_solver import dpm_solver_pp2_step
 from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, make_kernel
 from rlpost.ops.reward_mixing import constant_groups, mix_rewards
@@ -86,6 +87,7 @@ __all__ = [
     "Rollout",
     "RolloutBuilder",
     "RunContext",
+    "RunLengthLR",
     "RunSettings",
     "SD3Policy",
     "Sampler",

@@ -8,6 +8,7 @@
                     [--num-steps N] [--seed S] [--batch-size B] [--device D]
     rlpost export   --run DIR --out DIR [--checkpoint latest|PATH]
     rlpost plugins list [--json] [--all]
+    rlpost recipes  list [--json] | copy NAME DEST [--force]     (the shipped recipes, to start your own from)
     rlpost --version
     rlpost bench    --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]   (rlpost.bench)
 
@@ -230,6 +231,13 @@ def cmd_plugins(argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_recipes(argv: Sequence[str]) -> int:
+    """List the shipped recipes, or copy one to edit it (:mod:`rlpost.apps.recipes_cmd`)."""
+    from rlpost.apps.recipes_cmd import cmd_recipes as recipes_main
+
+    return recipes_main(argv)
+
+
 def cmd_bench(argv: Sequence[str]) -> int:
     """Run TreeGRPO, DanceGRPO, MixGRPO and DDPO interleaved in one process and report speed and rewards."""
     from rlpost.bench import main as bench_main
@@ -243,6 +251,7 @@ COMMANDS = {
     "sample": cmd_sample,
     "export": cmd_export,
     "plugins": cmd_plugins,
+    "recipes": cmd_recipes,
     "bench": cmd_bench,
 }
 

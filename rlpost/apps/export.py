@@ -1,8 +1,9 @@
 """``rlpost export``: copy a checkpoint's diffusers-loadable weights out of a run, with a model card.
 
-:func:`export_run` loads no model and writes a ``huggingface_hub.ModelCard`` (``README.md``). The artefact itself
-(``lora/`` or ``transformer/``) is written into every checkpoint by
-:func:`rlpost.engine.weights.write_diffusers_artifacts`; ``rlpost sample`` lives in :mod:`rlpost.apps.sample`.
+:func:`export_run` loads no model and writes a ``huggingface_hub.ModelCard`` (``README.md``: base model, license, tags,
+the run's held-out results and its resolved recipe). The artefact itself (``lora/`` or ``transformer/``) is written
+into every checkpoint by :func:`rlpost.engine.weights.write_diffusers_artifacts`; ``rlpost sample`` lives in
+:mod:`rlpost.apps.sample`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,25 @@ __all__ = ["export_run"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _CACHE_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$")
 _TAG = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_BACKTICKS = re.compile(r"`{3,}")
+
+
+def _fenced(text: str, info: str) -> str:
+    """``text`` as a fenced code block whose fence is longer than any backtick run inside it (CommonMark: a fence
+    closes only on a run at least as long), so a prompt holding three backticks cannot end the block early."""
+    fence = "`" * max([3, *(len(run) + 1 for run in _BACKTICKS.findall(text))])
+    return f"{fence}{info}\n{text.rstrip()}\n{fence}\n"
+
+
+def _recipe_section(run_dir: Path) -> str:
+    """The card's ``## Recipe`` section: the resolved recipe the run wrote when it started, verbatim."""
+    recipe = run_dir / RunDirectory.RECIPE
+    if not recipe.is_file():
+        return "## Recipe\n\nThe run directory holds no `recipe.yaml`.\n"
+    return (
+        "## Recipe\n\nThe resolved recipe the run started with (`recipe.yaml` in its run directory; paths are the "
+        "training host's):\n\n" + _fenced(recipe.read_text(), "yaml")
+    )
 
 
 def _base_model(manifest: dict[str, Any], run_dir: Path) -> tuple[str | None, Path | None]:
@@ -153,7 +173,8 @@ def _model_card(manifest: dict[str, Any], run_dir: Path, kind: str, license: str
         + usage
         + "\n## License\n\n"
         + terms_text
-        + "\n"
+        + "\n\n"
+        + _recipe_section(run_dir)
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
@@ -163,7 +184,8 @@ def export_run(run_dir: Path, out: Path, checkpoint: str = "latest", license: st
 
     The card is a :class:`huggingface_hub.ModelCard` (``ModelCard.load(out / "README.md")`` reads it back) whose
     metadata carries ``base_model``, ``pipeline_tag: text-to-image``, ``library_name: diffusers``, tags and the
-    license: ``license`` when given, else the base model's own (read offline from its card), else ``other``.
+    license: ``license`` when given, else the base model's own (read offline from its card), else ``other``; its
+    text ends with the run's resolved recipe as a YAML code block.
 
     Raises:
         CheckpointError: No such checkpoint, a file fails its manifest sha256 (nothing is copied), or it holds no

@@ -31,6 +31,7 @@ from rlpost.core.context import RunContext
 from rlpost.core.contract import Rollout
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.plugins import PluginHost
+from rlpost.engine.lr_schedule import bind_time_budget
 from rlpost.engine.recipe import Recipe, RecipeError, RunConfig, merge_sources, validate
 from rlpost.engine.rundir import json_safe
 from rlpost.engine.runner import Runner
@@ -90,6 +91,9 @@ class Bench:
         # Evaluation is driven by the bench between steps (untimed); the runner must not evaluate itself.
         if isinstance(cfg.get("eval"), dict):
             cfg["eval"]["every"] = 0
+        # A schedule over the run's time (lr_scheduler: rlpost.RunLengthLR, over: time) ends with the bench's budget.
+        if self.spec.time_budget_s is not None and "lr_scheduler" in cfg:
+            cfg["lr_scheduler"] = bind_time_budget(cfg["lr_scheduler"], self.spec.time_budget_s)
         # The run directory names the seed the run really uses (the recipe's own when bench.seeds is unset).
         run_cfg = cfg.setdefault("run", {})
         if isinstance(run_cfg, dict):

@@ -7,7 +7,9 @@ Keys are namespaced: ``reward/<source>``, ``adv/*``, ``loss/*``, ``kl/*``, ``tra
 
 Besides the scalars, TensorBoard gets the resolved recipe as text (tag ``recipe``), every saved sample grid as an image
 (:meth:`MetricsLogger.log_image`) and, when the logger closes, an HParams-dashboard session: the recipe's scalar
-settings as hyperparameters and the ``reward/*`` and ``eval/*`` series as its metrics.
+settings as hyperparameters and the ``reward/*`` and ``eval/*`` series as its metrics (the dashboard shows each series'
+last value: the run's final metrics). A resumed run's writer purges the events an interrupted run wrote after the
+checkpoint it resumed from, as ``metrics.jsonl`` is truncated, so no step appears twice.
 """
 
 from __future__ import annotations
@@ -75,9 +77,18 @@ class MetricsLogger:
         config: Which optional trackers to use.
         run_name: Name shown in W&B.
         recipe: Resolved recipe, stored as the W&B config.
+        resume_step: The step of the checkpoint a resumed run continues from: TensorBoard hides the events an
+            earlier process logged after it (``SummaryWriter(purge_step=...)``); ``None`` for a new run.
     """
 
-    def __init__(self, rundir: RunDirectory, config: LoggingConfig, run_name: str, recipe: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        rundir: RunDirectory,
+        config: LoggingConfig,
+        run_name: str,
+        recipe: dict[str, Any],
+        resume_step: int | None = None,
+    ) -> None:
         self.rundir = rundir
         self._recipe = recipe
         self._metric_keys: list[str] = []  # trackers' metric names, first-seen order (for the HParams session)
@@ -89,7 +100,9 @@ class MetricsLogger:
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(rundir.path / "tensorboard"))
+            # Steps are logged after they complete (1, 2, ...): the first one a resumed run logs is resume_step + 1.
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(rundir.path / "tensorboard"), purge_step=purge)
             # Indented four spaces: TensorBoard's text plugin renders markdown, and this keeps the YAML verbatim.
             text = yaml.safe_dump(recipe, sort_keys=False)
             self._tb.add_text("recipe", "\n".join("    " + line for line in text.splitlines()), 0)

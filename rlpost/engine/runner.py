@@ -27,7 +27,7 @@ from rlpost.core.context import RunContext
 from rlpost.core.contract import RewardScores, Rollout
 from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
-from rlpost.engine import persistence
+from rlpost.engine import lr_schedule, persistence
 from rlpost.engine.backend import EngineBackend, LocalBackend, resolve_device
 from rlpost.engine.checkpoint import CheckpointError, CheckpointInfo, find_checkpoint
 from rlpost.engine.distributed import DeepSpeedBackend, World
@@ -126,7 +126,8 @@ class Runner:
             self.evaluator = Evaluator(r.eval, r.model, self.rundir.path)
             self.evaluator.setup(self.device, already_set_up=r.rewards)
         if self.ctx.is_main_process:
-            self.logger = MetricsLogger(self.rundir, r.logging, self.rundir.path.name, r.config)
+            resumed = checkpoint.step if checkpoint is not None else None
+            self.logger = MetricsLogger(self.rundir, r.logging, self.rundir.path.name, r.config, resumed)
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
 
@@ -216,6 +217,7 @@ class Runner:
         r, shard, timed = self.recipe, self.shard, self.phases.timed
         self.phases.start_step()
         self.guards.begin_step()
+        lr_schedule.begin_step(self.backend.scheduler, self.ctx.step, r.run.max_steps)  # a schedule over the run
         with timed("rollout"):
             batch = shard.next_batch(self.stream, r.run.groups_per_step, r.run.samples_per_group)
             with torch.no_grad():
@@ -240,6 +242,7 @@ class Runner:
             self._guard_update(update)
         metrics = self._metrics(view.rollout, view.scores, adv_metrics, update) | self.guards.metrics()
         metrics |= self.stream.metrics()
+        lr_schedule.end_step(self.backend.scheduler, metrics["perf/step_sec"], shard.reduce)
         self.ctx.step += 1
         self.ctx.history.append(metrics)
         if self.ema is not None:

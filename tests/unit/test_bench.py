@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from rlpost import bench
 from rlpost.apps.host import build_host
@@ -502,3 +503,27 @@ def test_build_lists_an_algorithms_problem_once_for_all_seeds(tmp_path: Path, mo
     assert problems and all(p.startswith("bad: ") for p in problems)
     assert len(problems) == len(set(problems)) and any("colour" in p for p in problems)
     assert not (tmp_path / "out").exists(), "nothing is written before every recipe validates"
+
+
+def test_bench_binds_its_time_budget_to_a_learning_rate_schedule_over_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """recipes/bench/digits/lr_decay_budget.yaml decays the LR to 0 at the end of bench.time_budget_s: the bench fills
+    in the schedule's budget_s (rlpost.engine.lr_schedule.bind_time_budget) before validating the arm."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
+    digits = "recipes/bench/digits"
+    algo = bench.AlgoSpec("decay", "Decay", [f"{digits}/treegrpo_paper.yaml", f"{digits}/lr_decay_budget.yaml"])
+    spec = bench.BenchSpec(
+        output_dir=str(tmp_path), base=[f"{digits}/base.yaml"], algorithms=[algo], time_budget_s=80.0
+    )
+    recipe = bench.Bench(spec, host=build_host(), log=lambda msg: None)._recipe(algo, 3)
+    assert recipe.config["lr_scheduler"] == {
+        "class_path": "rlpost.RunLengthLR",
+        "init_args": {"shape": "linear", "final": 0.0, "over": "time", "budget_s": 80.0},
+    }
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = recipe.lr_scheduler(optimizer)
+    scheduler.end_step(60.0)
+    scheduler.begin_step(1, 1000)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.25)  # 60 of the bench's 80 s spent

@@ -1,9 +1,11 @@
 """Export and inference on the tiny SD3: the exported LoRA loads with ``StableDiffusion3Pipeline.load_lora_weights``
-into a fresh pipeline and reproduces the run's held-out samples; ``rlpost sample`` reproduces them too."""
+into a fresh pipeline and reproduces the run's held-out samples; ``rlpost sample`` reproduces them too; the exported
+model card parses with ``huggingface_hub.ModelCard.load`` and names the base model the run really loaded."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 
 import numpy as np
@@ -22,17 +24,29 @@ from tests import toy_components
 from tests.tolerances import assert_pixels_close
 
 PROMPTS = ["a red cube", "a blue sphere"]
+HUB_ID = "rlpost-tests/tiny-sd3"
 _find_spec = importlib.util.find_spec
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory, tiny_sd3_dir):
+def snapshot_dir(tmp_path_factory, tiny_sd3_dir):
+    """The tiny SD3 laid out as a Hugging Face cache snapshot of ``HUB_ID`` (``models--org--name/snapshots/<rev>``,
+    its files symlinks, as ``huggingface_hub`` stores them), with the base model's own card carrying a license."""
+    snapshot = tmp_path_factory.mktemp("hub") / "models--rlpost-tests--tiny-sd3" / "snapshots" / "0123456789abcdef"
+    shutil.copytree(tiny_sd3_dir, snapshot, copy_function=os.symlink)
+    card = "---\nlicense: other\nlicense_name: tiny-terms\nlicense_link: LICENSE.md\n---\n"
+    (snapshot / "README.md").write_text(card)
+    return snapshot
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, snapshot_dir):
     host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
     out = tmp_path_factory.mktemp("export") / "run"
     cfg = {
         "run": {"seed": 0, "output_dir": str(out), "max_steps": 2, "groups_per_step": 1, "samples_per_group": 2,
                 "device": "cpu", "progress": False},
-        "model": {"class_path": "sd3", "init_args": {"pretrained": str(tiny_sd3_dir), "dtype": "float32",
+        "model": {"class_path": "sd3", "init_args": {"pretrained": str(snapshot_dir), "dtype": "float32",
                   "resolution": 32, "guidance_scale": 1.0, "max_sequence_length": 32, "lora": {"rank": 4, "alpha": 8}}},
         "prompts": {"class_path": "prompt-list", "init_args": {"prompts": ["a green cone", "a yellow star"]}},
         "sampler": {"class_path": "toy-chain", "init_args": {"num_steps": 2}},
@@ -58,16 +72,6 @@ def test_exported_lora_loads_into_fresh_pipeline_and_reproduces_eval(lora_run, t
 
     run, _ = lora_run
     assert cli.main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
-    card = ModelCard.load(tmp_path / "export" / "README.md")
-    assert card.data.base_model == str(tiny_sd3_dir.resolve())  # the local path the run loaded
-    assert card.data.pipeline_tag == "text-to-image" and card.data.library_name == "diffusers"
-    assert card.data.base_model_relation == "adapter"
-    assert {"lora", "text-to-image", "diffusers", "rlpost", "sd3", "tests.toy_components"} <= set(card.data.tags)
-    assert card.data.license == "other"  # the tiny pipeline has no model card of its own
-    # `rlpost export --license` sets the card's license.
-    assert cli.main(["export", "--run", str(run), "--out", str(tmp_path / "e2"), "--license", "apache-2.0"]) == 0
-    assert ModelCard.load(tmp_path / "e2" / "README.md").data.license == "apache-2.0"
-    assert "sampler=toy-chain" in card.text and "toy-brightness" in card.text and "| 2 |" in card.text
     pipe = StableDiffusion3Pipeline.from_pretrained(str(tiny_sd3_dir), torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     pipe.load_lora_weights(str(tmp_path / "export"))
@@ -80,6 +84,30 @@ def test_exported_lora_loads_into_fresh_pipeline_and_reproduces_eval(lora_run, t
         ).images[0]  # fmt: skip
         got = (image * 255).round().astype(np.uint8)
         assert np.abs(got.astype(int) - trained[i].astype(int)).max() <= 1, f"prompt {i} differs from the run's eval"
+
+
+def test_exported_card_parses_and_names_base_model_license_tags_and_recipe(lora_run, tmp_path):
+    run, _ = lora_run
+    assert cli.main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
+    card = ModelCard.load(tmp_path / "export" / "README.md")  # what the Hub and diffusers read
+    data = card.data
+    # The run loaded a cache snapshot: the card names the Hub model, not the snapshot's path.
+    assert data.base_model == HUB_ID and data.base_model_relation == "adapter"
+    assert data.pipeline_tag == "text-to-image" and data.library_name == "diffusers"
+    algorithm = "tests.toy_components"  # the plugin that registered the sampler
+    assert data.tags == ["text-to-image", "diffusers", "lora", "rlpost", "rl-post-training", "sd3", algorithm]
+    # The license is the base model's own, read offline from the snapshot's card.
+    assert (data.license, data.license_name) == ("other", "tiny-terms")
+    assert data.license_link == f"https://huggingface.co/{HUB_ID}/blob/main/LICENSE.md"
+    assert f'DiffusionPipeline.from_pretrained("{HUB_ID}")' in card.text
+    assert "sampler=toy-chain" in card.text and "toy-brightness" in card.text and "| 2 |" in card.text
+    # The resolved recipe, verbatim in a YAML code block: it parses back to the run's recipe.yaml.
+    block = card.text.split("## Recipe", 1)[1].split("```yaml\n", 1)[1].split("\n```", 1)[0]
+    assert yaml.safe_load(block) == yaml.safe_load((run / "recipe.yaml").read_text())
+    assert yaml.safe_load(block)["model"]["init_args"]["lora"]["rank"] == 4
+    # `rlpost export --license` sets the card's license.
+    assert cli.main(["export", "--run", str(run), "--out", str(tmp_path / "e2"), "--license", "apache-2.0"]) == 0
+    assert ModelCard.load(tmp_path / "e2" / "README.md").data.license == "apache-2.0"
 
 
 def test_sample_cli_reproduces_eval(lora_run, tmp_path, monkeypatch):
@@ -163,3 +191,14 @@ def test_model_card_local_base_and_no_base(tmp_path):
     none = _card(tmp_path, None).data
     assert none.base_model is None and getattr(none, "base_model_relation", None) is None
     assert none.license == "other" and none.pipeline_tag == "text-to-image"
+
+
+def test_model_card_recipe_fence_outlasts_backticks_in_the_recipe(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.yaml").write_text(yaml.safe_dump({"prompts": ["a sign reading ``` and ````"]}))
+    _model_card({**MANIFEST, "base_model": None}, run, "lora").save(tmp_path / "README.md")
+    text = ModelCard.load(tmp_path / "README.md").text
+    fence = "`" * 5  # one longer than the longest run inside
+    block = text.split(f"{fence}yaml\n", 1)[1].split(f"\n{fence}\n", 1)[0]
+    assert yaml.safe_load(block) == {"prompts": ["a sign reading ``` and ````"]}

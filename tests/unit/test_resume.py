@@ -26,10 +26,15 @@ def host() -> PluginHost:
     return build_host(load_entrypoints=False, extra_plugins=(toy_components,))
 
 
-def _cfg(out: Path, steps: int, **run):
+STEP_LR = {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 2}}
+# A schedule over the run's length: its progress on resume is a function of the restored step.
+RUN_LENGTH_LR = {"class_path": "rlpost.RunLengthLR", "init_args": {"shape": "cosine", "warmup": 0.3}}
+
+
+def _cfg(out: Path, steps: int, scheduler: dict = STEP_LR, **run):
     cfg = toy_recipe(str(out), max_steps=steps, **run)
     cfg["torch_optimizer"] = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.05}}
-    cfg["lr_scheduler"] = {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 2}}
+    cfg["lr_scheduler"] = scheduler
     cfg["checkpoint"] = {"every": 1, "keep_last": 3}
     cfg["ema"] = {"decay": 0.5}
     return cfg
@@ -48,12 +53,23 @@ def _snapshot(runner: Runner) -> dict:
     }
 
 
-def test_exact_resume_toy(tmp_path, host):
-    full = Runner(validate(_cfg(tmp_path / "full", 4), host), host)
+@pytest.mark.parametrize("scheduler", [STEP_LR, RUN_LENGTH_LR], ids=["StepLR", "RunLengthLR"])
+def test_exact_resume_toy(tmp_path, host, scheduler):
+    full = Runner(validate(_cfg(tmp_path / "full", 4, scheduler), host), host)
     full.run()
     a = _snapshot(full)
-    Runner(validate(_cfg(tmp_path / "part", 2), host), host).run()
-    resumed = Runner(validate(_cfg(tmp_path / "part", 4), host), host, resume="latest")
+    if scheduler is STEP_LR:  # a 2-step run, extended by raising run.max_steps
+        Runner(validate(_cfg(tmp_path / "part", 2, scheduler), host), host).run()
+    else:  # a schedule over the run's length follows run.max_steps: the 4-step run, interrupted after step 2
+        part = Runner(validate(_cfg(tmp_path / "part", 4, scheduler), host), host)
+        part.begin()
+        try:
+            for _ in range(2):
+                part.step()
+                part.save_checkpoint()
+        finally:
+            part.finish("interrupted")
+    resumed = Runner(validate(_cfg(tmp_path / "part", 4, scheduler), host), host, resume="latest")
     resumed.run()
     b = _snapshot(resumed)
     for x, y in zip(a["weights"] + a["ema"], b["weights"] + b["ema"], strict=True):
