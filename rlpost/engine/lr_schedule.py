@@ -220,7 +220,7 @@ def is_run_length_lr(class_path: Any) -> bool:
     """Whether a recipe's ``class_path`` names :class:`RunLengthLR` or a subclass (dotted path or class name)."""
     if not isinstance(class_path, str):
         return False
-    if class_path in ("RunLengthLR", "rlpost.RunLengthLR", f"{__name__}.RunLengthLR"):
+    if class_path in ("RunLengthLR", f"{__name__}.RunLengthLR"):
         return True
     module, _, name = class_path.rpartition(".")
     if not module:
