@@ -207,9 +207,9 @@ def test_bad_sets_and_judges_name_their_field(tmp_path, host, change, expected):
 
 
 def test_grid_shows_a_spread_subset_of_a_large_set(tmp_path, host, monkeypatch):
-    import rlpost.engine.evaluation
+    import rlpost.engine.evaluation.grids
 
-    monkeypatch.setattr(rlpost.engine.evaluation, "GRID_MAX_IMAGES", 2)
+    monkeypatch.setattr(rlpost.engine.evaluation.grids, "GRID_MAX_IMAGES", 2)
     cfg = _sets_cfg(tmp_path, every=0)
     cfg["eval"]["sets"]["unseen"]["init_args"]["prompts"] = ["p0", "p1", "p2", "p3", "p4"]
     recipe = validate(cfg, host)
