@@ -166,9 +166,16 @@ def _parse_problem(message: str) -> tuple[str, str | None]:
     match = re.match(r'\s*Parser key "([^"]+)":', message)
     if match is None:
         unrecognized = re.match(r"\s*[Uu]nrecognized arguments: --([^\s=]+)", message)
-        if unrecognized is not None:  # a top-level option that is no recipe field
+        if unrecognized is not None:  # an option that is no recipe field
             name = unrecognized.group(1)
-            return f"--{name}: unknown option{suggest(name.split('.')[0], list(SECTION))}", None
+            top, _, rest = name.partition(".")
+            section = SECTION.get(top)
+            if rest and section is not None and section.kind == "config" and dataclasses.is_dataclass(section.type):
+                # a misspelt field of a settings section: its nearest fields, as in a recipe file
+                problem = unknown_option_problem(top, section.type, {}, f"Option '{rest}' is not accepted")
+                if problem is not None:
+                    return problem, top
+            return f"--{name}: unknown option{suggest(top, list(SECTION))}", None
         return clip_text(" ".join(message.split()), MAX_PROBLEM_CHARS), None
     where = match.group(1)
     # "Problem with given class_path 'X'" (classes) or "Got value: Namespace(class_path='X', ...)" (callables)
