@@ -285,7 +285,7 @@ def command_line_value(value: Any) -> str:
     parses by the field's type."""
     if isinstance(value, str):
         return value
-    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=math.inf).strip()
+    text = str(yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=math.inf)).strip()
     return text.removesuffix("\n...").strip()  # a scalar's document-end marker
 
 
