@@ -1,6 +1,6 @@
-"""Replay the reward-hacking alarm (:mod:`rlpost.engine.evaluation.alarm`) over finished runs, from their ``eval.jsonl`` and
-saved evaluation images: ``python -m rlpost.apps.alarm_replay RUN_DIR [RUN_DIR ...] [--window 3] [--judge-drop 0.1]
-[--stat-drift 0.08]`` prints one JSON line per evaluation, the same records a live run writes."""
+"""Replay the reward-hacking alarm (:mod:`rlpost.engine.evaluation.alarm`) over finished runs, from their
+``eval.jsonl`` and saved evaluation images: ``python -m rlpost.apps.alarm_replay RUN_DIR [RUN_DIR ...] [--window 3]
+[--judge-drop 0.1] [--stat-drift 0.08]`` prints one JSON line per evaluation, the same records a live run writes."""
 
 from __future__ import annotations
 
