@@ -3,8 +3,8 @@ prompt asked for. ``digit-alignment`` is the training reward; ``digit-judge`` (a
 :mod:`rlpost_digits.judge`) is meant for evaluation only, as a second judge the policy never optimised.
 
 ``digits-brightness`` is a deliberately hackable demonstration reward (the mean pixel value): the policy can raise it
-without drawing better digits, which is what the reward-hacking alarm (:mod:`rlpost.engine.alarm`) must catch
-(``recipes/ablations/digits_hackable_reward.yaml``)."""
+without drawing better digits, which is what the reward-hacking alarm (:mod:`rlpost.engine.evaluation.alarm`) must
+catch (``recipes/ablations/digits_hackable_reward.yaml``)."""
 
 from __future__ import annotations
 
@@ -127,10 +127,10 @@ class DigitsBrightnessReward(RewardSource):
     """A deliberately hackable reward: each image's mean pixel value on ``[0, 1]``, whatever its prompt.
 
     Not a quality measure. It pays for ink (bright strokes on the digits world's dark background) and so for stroke
-    mass, which a policy can maximise by brightening and thickening everything until the digit is unreadable. It
-    exists to plant reward hacking on the digits world, so that the reward-hacking alarm (:mod:`rlpost.engine.alarm`)
-    can be shown to fire (``recipes/ablations/digits_hackable_reward.yaml``, ``docs/benchmarks.md``). Never use it to
-    improve a model.
+    mass, which a policy can maximise by brightening and thickening everything until the digit is unreadable. It exists
+    to plant reward hacking on the digits world, so that the reward-hacking alarm
+    (:mod:`rlpost.engine.evaluation.alarm`) can be shown to fire (``recipes/ablations/digits_hackable_reward.yaml``,
+    ``docs/benchmarks.md``). Never use it to improve a model.
     """
 
     name: ClassVar[str] = "digits-brightness"

@@ -1,6 +1,6 @@
-"""Replay the reward-hacking alarm (:mod:`rlpost.engine.alarm`) over finished runs, from their ``eval.jsonl`` and
-saved evaluation images: ``python -m rlpost.apps.alarm_replay RUN_DIR [RUN_DIR ...] [--window 3] [--judge-drop 0.1]
-[--stat-drift 0.08]`` prints one JSON line per evaluation, the same records a live run writes."""
+"""Replay the reward-hacking alarm (:mod:`rlpost.engine.evaluation.alarm`) over finished runs, from their
+``eval.jsonl`` and saved evaluation images: ``python -m rlpost.apps.alarm_replay RUN_DIR [RUN_DIR ...] [--window 3]
+[--judge-drop 0.1] [--stat-drift 0.08]`` prints one JSON line per evaluation, the same records a live run writes."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from rlpost.engine.alarm import AlarmConfig, RewardHackingAlarm
-from rlpost.engine.evaluation import JUDGE, eval_sets, image_dir, read_evals
+from rlpost.engine.evaluation import JUDGE, AlarmConfig, RewardHackingAlarm, eval_sets, image_dir, read_evals
 
 __all__ = ["main", "replay"]
 

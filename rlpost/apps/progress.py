@@ -23,8 +23,8 @@ SHOWN = ("reward/weighted", "loss/policy", "train/clipfrac", "kl/approx", "perf/
 
 
 def alarm_text(eval_metrics: Mapping[str, float]) -> str:
-    """``"HACKING ALARM (step N)"`` once the reward-hacking alarm (:mod:`rlpost.engine.alarm`) has fired, else
-    ``""``."""
+    """``"HACKING ALARM (step N)"`` once the reward-hacking alarm (:mod:`rlpost.engine.evaluation.alarm`) has
+    fired, else ``""``."""
     if not eval_metrics.get("alarm/fired"):
         return ""
     step = eval_metrics.get("alarm/fired_step")

@@ -8,7 +8,8 @@ already wrote and adds ``report/`` to the run directory::
     report/before_after.png     held-out prompts' first-evaluation images next to their last-evaluation images, set
                                 by set, captioned with the prompt, the reward and the first judge's score
     report/summary.json         before/after per evaluation set and reward or judge, training reward first/last,
-                                and the reward-hacking alarm (``eval.alarm``, :mod:`rlpost.engine.alarm`) when enabled
+                                and the reward-hacking alarm (``eval.alarm``, :mod:`rlpost.engine.evaluation.alarm`)
+                                when enabled
 
 It works from files only (``metrics.jsonl``, ``eval.jsonl``, ``eval/[<set>/]step_N/*.png`` written by
 :mod:`rlpost.engine.evaluation` with ``save_images: true``), so the same functions rebuild a report for any finished run
@@ -120,7 +121,7 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
 
 def alarm_summary(evals: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The reward-hacking alarm's outcome (``None`` when the run had no ``eval.alarm``): the step it first fired at
-    (``None`` if it never did) and its reasons at that evaluation (:mod:`rlpost.engine.alarm`)."""
+    (``None`` if it never did) and its reasons at that evaluation (:mod:`rlpost.engine.evaluation.alarm`)."""
     records = [r["alarm"] for r in evals if isinstance(r.get("alarm"), dict)]
     if not records:
         return None

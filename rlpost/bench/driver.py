@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from rlpost.apps.host import get_host
 from rlpost.bench.aggregate import aggregate, eval_metrics
@@ -32,7 +31,7 @@ from rlpost.core.contract import Rollout
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.lr_schedule import bind_time_budget
-from rlpost.engine.recipe import Recipe, RecipeError, RunConfig, merge_sources, validate
+from rlpost.engine.recipe import Recipe, RecipeError, RunConfig, command_line_value, parse_recipe, validate
 from rlpost.engine.rundir import json_safe
 from rlpost.engine.runner import Runner
 
@@ -83,11 +82,11 @@ class Bench:
     def _recipe(self, algo: AlgoSpec, seed: int | None) -> Recipe:
         """The validated recipe of one run: base, overlays, overrides, the seed and the bench's own settings."""
         overrides = {**self.spec.overrides, **algo.overrides}
-        pairs = [(k, yaml.safe_dump(v, default_flow_style=True).strip()) for k, v in overrides.items()]
+        pairs = [(k, command_line_value(v)) for k, v in overrides.items()]
         if seed is not None:
             pairs.append(("run.seed", str(seed)))
         pairs.append(("run.progress", "false"))
-        cfg = merge_sources([*self.spec.base, *algo.recipes], pairs)
+        cfg = parse_recipe([*self.spec.base, *algo.recipes], pairs, self.host)  # as rlpost train parses them
         # Evaluation is driven by the bench between steps (untimed); the runner must not evaluate itself.
         if isinstance(cfg.get("eval"), dict):
             cfg["eval"]["every"] = 0

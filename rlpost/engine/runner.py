@@ -27,12 +27,12 @@ from rlpost.core.context import RunContext
 from rlpost.core.contract import RewardScores, Rollout
 from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
-from rlpost.engine import lr_schedule, persistence
+from rlpost.engine import evaluation, lr_schedule, persistence
 from rlpost.engine.backend import EngineBackend, LocalBackend, resolve_device
 from rlpost.engine.checkpoint import CheckpointError, CheckpointInfo, find_checkpoint
 from rlpost.engine.distributed import DeepSpeedBackend, World
 from rlpost.engine.ema import EMA
-from rlpost.engine.evaluation import LAST_EVAL, Evaluator, image_dir
+from rlpost.engine.evaluation import Evaluator
 from rlpost.engine.guards import Guards
 from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.persistence import RunState
@@ -369,19 +369,10 @@ class Runner:
     # --------------------------------------------------------------------------------------------------- run
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out evaluation at the current step (EMA weights when enabled); empty without an ``eval`` section."""
-        if self.evaluator is None:
-            return {}
-        with self.phases.timed("eval"), persistence.published_weights(self.ema, self.backend):
-            metrics = self.evaluator.evaluate(self.ctx.step, self.ctx.is_main_process)
-        if self.logger is not None:
-            self.logger.log_trackers(self.ctx.step, metrics)
-            for name in self.evaluator.spec.sets:  # the captioned held-out grids evaluation just wrote
-                grid = image_dir(self.rundir.path, name, self.ctx.step).with_suffix(".png")
-                if grid.is_file():
-                    self.logger.log_image(self.ctx.step, f"eval/{name}/grid" if name else "eval/grid", grid)
-        self.ctx.stash[LAST_EVAL] = metrics  # the progress line shows the reward-hacking alarm (rlpost.engine.alarm)
-        return metrics
+        """Held-out evaluation at the current step (EMA weights when enabled; :func:`rlpost.engine.evaluation.run`);
+        empty without an ``eval`` section."""
+        weights = persistence.published_weights(self.ema, self.backend)
+        return evaluation.run(self.evaluator, self.ctx, weights=weights, logger=self.logger, phases=self.phases)
 
     def _periodic(self) -> None:
         """Evaluation and checkpoints due after the step just completed (also at the last step)."""
@@ -429,7 +420,7 @@ class Runner:
             while self.ctx.step < self.recipe.run.max_steps:
                 self.step()
                 self._periodic()
-                # eval.alarm.stop (rlpost.engine.alarm): the alarm fired and asked the run to end
+                # eval.alarm.stop (rlpost.engine.evaluation.alarm): the alarm fired and asked the run to end
                 if self.evaluator is not None and self.evaluator.stop_requested:
                     break
             status = "stopped" if self.ctx.step < self.recipe.run.max_steps else "completed"

@@ -1,4 +1,5 @@
-"""The reward-hacking alarm (rlpost.engine.alarm): statistics, the trend rule, recipe checks and the runner wiring."""
+"""The reward-hacking alarm (rlpost.engine.evaluation.alarm): statistics, the trend rule, recipe checks and the runner
+wiring."""
 
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ from rlpost.apps.progress import alarm_text
 from rlpost.apps.reporting import report_summary
 from rlpost.core.api import RewardSource
 from rlpost.core.plugins import PluginHost
-from rlpost.engine.alarm import AlarmConfig, RewardHackingAlarm, image_stats, ls_change
-from rlpost.engine.evaluation import LAST_EVAL
+from rlpost.engine.evaluation import LAST_EVAL, AlarmConfig, RewardHackingAlarm, image_stats, ls_change
 from rlpost.engine.recipe import RecipeError, validate
 from rlpost.engine.runner import Runner
 from tests import toy_components

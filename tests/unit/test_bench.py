@@ -13,7 +13,7 @@ import torch
 
 from rlpost import bench
 from rlpost.apps.host import build_host
-from rlpost.engine.recipe import RecipeError, merge_sources, validate
+from rlpost.engine.recipe import RecipeError, command_line_value, parse_recipe, validate
 from rlpost.models.sd3 import SD3Policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,8 +102,8 @@ def _validated_algorithms(spec: bench.BenchSpec) -> dict[str, dict[str, Any]]:
     host = build_host()
     configs: dict[str, dict[str, Any]] = {}
     for algo in spec.algorithms:
-        pairs = [(k, json.dumps(v)) for k, v in {**spec.overrides, **algo.overrides}.items()]
-        configs[algo.name] = validate(merge_sources([*spec.base, *algo.recipes], pairs), host).config
+        pairs = [(k, command_line_value(v)) for k, v in {**spec.overrides, **algo.overrides}.items()]
+        configs[algo.name] = validate(parse_recipe([*spec.base, *algo.recipes], pairs, host), host).config
     first = next(iter(configs.values()))
     for key in ("model", "eval", "rewards", "prompts"):
         assert all(c[key] == first[key] for c in configs.values()), key

@@ -208,9 +208,9 @@ def test_bad_sets_and_judges_name_their_field(tmp_path, host, change, expected):
 
 
 def test_grid_shows_a_spread_subset_of_a_large_set(tmp_path, host, monkeypatch):
-    import rlpost.engine.evaluation
+    import rlpost.engine.evaluation.grids
 
-    monkeypatch.setattr(rlpost.engine.evaluation, "GRID_MAX_IMAGES", 2)
+    monkeypatch.setattr(rlpost.engine.evaluation.grids, "GRID_MAX_IMAGES", 2)
     cfg = _sets_cfg(tmp_path, every=0)
     cfg["eval"]["sets"]["unseen"]["init_args"]["prompts"] = ["p0", "p1", "p2", "p3", "p4"]
     recipe = validate(cfg, host)
@@ -219,3 +219,31 @@ def test_grid_shows_a_spread_subset_of_a_large_set(tmp_path, host, monkeypatch):
     run = tmp_path / "run"
     assert Image.open(run / "eval" / "unseen" / "step_000000.png").size[0] == 2 * 128  # p0 and p4, one row
     assert len(list((run / "eval" / "unseen" / "step_000000").glob("*.png"))) == 5  # every image kept
+
+
+def test_run_evaluates_inside_the_published_weights_and_stashes_the_metrics(tmp_path, host):
+    """``evaluation.run`` (the runner's one entry point): timed as ``eval``, inside the weights context it is given,
+    metrics left in the stash; nothing at all without an ``eval`` section."""
+    import contextlib
+
+    from rlpost.engine import evaluation
+
+    runner = Runner(validate(_cfg(tmp_path), host), host)
+    runner.begin()
+    try:
+        entered: list[int] = []
+
+        @contextlib.contextmanager
+        def weights():
+            entered.append(runner.ctx.step)
+            yield
+
+        metrics = evaluation.run(runner.evaluator, runner.ctx, weights=weights(), phases=runner.phases)
+        assert entered == [0] and runner.phases.totals["eval"] > 0
+        assert runner.ctx.stash[evaluation.LAST_EVAL] is metrics and "eval/toy-brightness" in metrics
+        assert evaluation.run(None, runner.ctx, weights=weights()) == {} and entered == [0]
+        assert runner.ctx.stash[evaluation.LAST_EVAL] is metrics
+        assert runner.evaluate()["eval/toy-brightness"] == metrics["eval/toy-brightness"]  # same weights, same images
+    finally:
+        runner.finish("completed")
+    assert len((tmp_path / "run" / "eval.jsonl").read_text().splitlines()) == 2

@@ -172,3 +172,17 @@ def test_bench_binds_its_time_budget_to_a_schedule_over_time():
     poly = {"class_path": "torch.optim.lr_scheduler.PolynomialLR", "init_args": {"total_iters": 500}}
     for section in (own, steps, poly, None):
         assert bind_time_budget(section, 80.0) == section
+
+
+def test_validate_reports_bad_arguments_before_anything_loads(tmp_path, host):
+    # Out-of-range values are recipe problems (rlpost validate, exit 2), not a failure once training starts.
+    from rlpost.engine.recipe import RecipeError
+
+    cfg = toy_recipe(str(tmp_path / "run"), max_steps=3, device="cpu")
+    cfg["lr_scheduler"] = {"class_path": "rlpost.RunLengthLR", "init_args": {"warmup": 2.0, "over": "time"}}
+    with pytest.raises(RecipeError) as info:
+        validate(cfg, host)
+    text = str(info.value)
+    assert "lr_scheduler.init_args.warmup: must be a fraction of the run in [0, 1), got 2.0" in text
+    assert "lr_scheduler.init_args.budget_s: over: time needs" in text
+    assert not (tmp_path / "run").exists()

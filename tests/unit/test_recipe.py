@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from rlpost.apps import cli
-from rlpost.apps.host import build_host, reset_host
-from rlpost.engine.recipe import RecipeError, merge_sources, validate
+from rlpost.apps.host import build_host, get_host, reset_host
+from rlpost.engine.recipe import RecipeError, merge_sources, parse_recipe, validate
 from rlpost.models.sd3 import SD3Policy
 from tests import toy_components
 from tests.toy_components import toy_recipe
@@ -89,12 +89,11 @@ def test_overlay_swapping_a_component_drops_the_old_arguments(tmp_path):
 
 
 def test_cli_overrides_parse_yaml_values_and_target_init_args():
-    cfg = merge_sources(
-        [str(RECIPES / "valid.yaml")], [("sampler.k", "4"), ("run.max_steps", "7"), ("optimizer", "clipped-surrogate")]
-    )
+    overrides = [("sampler.k", "4"), ("run.max_steps", "7"), ("optimizer", "clipped-surrogate")]
+    cfg = parse_recipe([str(RECIPES / "valid.yaml")], overrides, get_host())
     assert cfg["sampler"]["init_args"]["k"] == 4
     assert cfg["run"]["max_steps"] == 7
-    assert cfg["optimizer"] == {"class_path": "clipped-surrogate"}
+    assert cfg["optimizer"]["class_path"] == "rlpost.components.clipped_surrogate.ClippedSurrogate"
 
 
 def test_components_resolve_by_name_class_name_or_class_path(tmp_path):

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from rlpost.apps import cli
-from rlpost.apps.host import reset_host
+from rlpost.apps.host import get_host, reset_host
 from rlpost.core.yaml_limits import MAX_BYTES, MAX_DEPTH, MAX_NODES, YamlLimitError, load_yaml, short_repr
-from rlpost.engine.recipe import MAX_PROBLEM_CHARS, RecipeError, merge_sources
+from rlpost.engine.recipe import MAX_PROBLEM_CHARS, RecipeError, merge_sources, parse_recipe
 from rlpost.models.sd3 import SD3Policy
 
 RECIPES = Path(__file__).resolve().parents[1] / "fixtures" / "recipes"
@@ -137,12 +137,16 @@ def _bomb(levels: int) -> str:
 )
 def test_override_values_have_the_same_limits(value, message):
     with pytest.raises(RecipeError, match=f"--run.seed: not valid YAML: {message}"):
-        merge_sources([str(RECIPES / "valid.yaml")], [("run.seed", value)])
+        parse_recipe([str(RECIPES / "valid.yaml")], [("run.seed", value)], get_host())
 
 
 def test_ordinary_aliases_still_work():
-    cfg = merge_sources([str(RECIPES / "valid.yaml")], [("run.seed", _bomb(2))])
-    assert len(cfg["run"]["seed"]) == 3 and cfg["run"]["seed"][2][0][0] == ["lol"] * 10
+    """Aliases below the limits load, in a document and in an override (parsed as ``rlpost train`` parses it)."""
+    loaded = load_yaml(_bomb(2))
+    assert len(loaded) == 3 and loaded[2][0][0] == ["lol"] * 10
+    override = ("prompts.init_args.prompts", "[&p a red apple, *p, *p]")
+    cfg = parse_recipe([str(RECIPES / "valid.yaml")], [override], get_host())
+    assert cfg["prompts"]["init_args"]["prompts"] == ["a red apple"] * 3
 
 
 def test_limits_keep_safe_load_semantics():

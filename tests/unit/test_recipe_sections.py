@@ -13,6 +13,7 @@ import json
 import pytest
 
 from rlpost.apps.host import build_host
+from rlpost.engine import evaluation
 from rlpost.engine.checkpoint import CheckpointConfig
 from rlpost.engine.distributed_config import DistributedConfig
 from rlpost.engine.ema import EMAConfig
@@ -20,6 +21,7 @@ from rlpost.engine.evaluation import EvalSettings
 from rlpost.engine.guards import GuardConfig
 from rlpost.engine.logging_ import LoggingConfig
 from rlpost.engine.recipe import (
+    EVAL_SECTIONS,
     SECTIONS,
     Recipe,
     RecipeError,
@@ -34,6 +36,11 @@ from tests.toy_components import toy_recipe
 
 def test_recipe_dataclass_has_one_field_per_section():
     assert {f.name for f in dataclasses.fields(Recipe)} - {"config"} == {s.name for s in SECTIONS}
+
+
+def test_eval_components_are_the_evaluation_packages():
+    """The parser's ``eval`` components (``EVAL_SECTIONS``) are the keys the evaluation validator treats as such."""
+    assert tuple(e.name for e in EVAL_SECTIONS) == evaluation.section.COMPONENTS
 
 
 def test_parser_has_an_option_for_every_section():

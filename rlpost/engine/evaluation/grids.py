@@ -1,0 +1,44 @@
+"""The evaluation's images: a captioned grid per set and evaluation (``eval/[<set>/]step_N.png``), the per-image PNGs
+(``eval.save_images``) and the grids handed to the trackers.
+
+Per-image PNGs hold the exact uint8 images, which is what ``rlpost.apps.alarm_replay`` reads back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from torch import Tensor
+
+from rlpost.engine.evaluation.keys import image_dir
+from rlpost.engine.logging_ import MetricsLogger
+from rlpost.ops.images import save_grid, save_images
+
+__all__ = ["GRID_MAX_IMAGES", "log_grids", "save_set_images"]
+
+GRID_MAX_IMAGES = 64
+"""Most images in one ``eval/[<set>/]step_N.png`` grid (spread over the set); per-image PNGs keep every image."""
+
+
+def save_set_images(
+    images: Tensor, prompts: list[str], scores: dict[str, list[float]], directory: Path, per_image: bool
+) -> None:
+    """One set's captioned grid ``<directory>.png`` (prompt and every score per image) and, with ``per_image``, its
+    PNGs ``<directory>/NNNN.png``."""
+    # A benchmark-sized set (thousands of prompts) would make a grid of gigapixels: show a spread subset.
+    n = len(prompts)
+    g = GRID_MAX_IMAGES
+    shown = list(range(n)) if n <= g else [i * (n - 1) // (g - 1) for i in range(g)]
+    captions = [f"{prompts[i]} | " + " ".join(f"{column}={v[i]:.3g}" for column, v in scores.items()) for i in shown]
+    save_grid(images[shown], captions, directory.with_suffix(".png"))
+    if per_image:
+        save_images(images, directory)
+
+
+def log_grids(logger: MetricsLogger, output_dir: Path, sets: Iterable[str], step: int) -> None:
+    """Hand the grids the evaluation at ``step`` wrote to the trackers (``eval/grid``, ``eval/<set>/grid``)."""
+    for name in sets:
+        grid = image_dir(output_dir, name, step).with_suffix(".png")
+        if grid.is_file():
+            logger.log_image(step, f"eval/{name}/grid" if name else "eval/grid", grid)

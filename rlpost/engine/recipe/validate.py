@@ -1,0 +1,258 @@
+"""Validation of a merged recipe: every section type-checked by its kind, range checks, cross-checks and the
+components' own checks, all problems at once, each naming its field (:func:`validate`).
+
+The ``eval`` section is validated by :func:`rlpost.engine.evaluation.validate_eval` through the same component
+checks (:class:`_Components` is its :class:`~rlpost.engine.evaluation.ComponentChecks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from rlpost.core.api import Component
+from rlpost.core.registry import Registries, suggest
+from rlpost.core.yaml_limits import short_repr
+from rlpost.engine.distributed import validate_distributed
+from rlpost.engine.evaluation.section import component_problems, validate_eval
+from rlpost.engine.lr_schedule import is_run_length_lr
+from rlpost.engine.recipe.names import resolve_component
+from rlpost.engine.recipe.schema import SECTION, SECTIONS, OptimizerFactory, Recipe, RecipeError, Section
+from rlpost.engine.recipe.typecheck import check_with_parser, with_defaults
+
+__all__ = ["validate"]
+
+
+def validate(cfg: dict[str, Any], host: Registries) -> Recipe:
+    """Validate a merged recipe and instantiate its components (no weights are loaded).
+
+    Each section in :data:`SECTIONS` is type-checked by its kind; the range problems of the config sections (their
+    ``problems()``) and the checks across sections follow, then the components' own checks.
+
+    Args:
+        cfg: The merged recipe as plain data.
+        host: Where component names resolve: the component registries (the plugin host provides them).
+
+    Raises:
+        RecipeError: Listing every problem found, each naming the offending field.
+    """
+    problems = [f"{key}: unknown top-level key{suggest(key, list(SECTION))}" for key in cfg if key not in SECTION]
+    problems += [f"{s.name}: missing (required)" for s in SECTIONS if s.required and s.name not in cfg]
+    checks = _SectionChecks(cfg, host, problems)
+    for section in SECTIONS:
+        checks.check(section)
+    built, resolved = checks.built, checks.resolved
+    # Range problems are reported with every other problem; the component checks below need a sane run section.
+    range_problems = _range_problems(cfg, built)
+    if problems:
+        raise RecipeError(problems + range_problems)
+    reward_names = [r.name for r in built["rewards"]]
+    problems = range_problems + _check_rewards(reward_names, built["reward_weights"])
+    built["reward_weights"] = {name: float(built["reward_weights"].get(name, 1.0)) for name in reward_names}
+    resolved["reward_weights"] = built["reward_weights"]
+    recipe = Recipe(config=resolved, **built)
+    problems.extend(_cross_checks(recipe, sane_run=not range_problems))
+    if problems:
+        raise RecipeError(problems)
+    return recipe
+
+
+class _SectionChecks:
+    """Type-checks one recipe section per :meth:`check` call, by its :attr:`Section.kind`, into
+    ``built`` (the instantiated section, ``None`` when an optional one is off) and ``resolved`` (its plain data with
+    registered names resolved and defaults filled in), recording problems."""
+
+    def __init__(self, cfg: dict[str, Any], host: Registries, problems: list[str]) -> None:
+        self.cfg, self.host, self.problems = cfg, host, problems
+        self.built: dict[str, Any] = {}
+        self.resolved: dict[str, Any] = {}
+
+    def check(self, s: Section) -> None:
+        """Check the top-level section ``s`` by its kind."""
+        by_kind = {
+            "config": self.config,
+            "component": self.component,
+            "component-list": self.component_list,
+            "factory": self.factory,
+            "mapping": self.mapping,
+            "eval": self.eval,
+        }
+        by_kind[s.kind](s)
+
+    def config(self, s: Section) -> None:
+        """A dataclass, type-checked by jsonargparse (absent: its defaults, or ``None`` when optional)."""
+        raw = self.cfg.get(s.name)
+        self.built[s.name] = None
+        if raw is not None or not s.optional:
+            built = self.built[s.name] = check_with_parser(s.name, s.type, raw or {}, self.problems)
+            self.resolved[s.name] = dataclasses.asdict(built) if built is not None else raw
+
+    def component(self, s: Section) -> None:
+        """One component chosen by name or class path, its arguments type-checked by jsonargparse."""
+        if s.name not in self.cfg:
+            return
+        value = resolve_component(self.cfg[s.name], s.name, s.registry, self.host, self.problems)
+        if value is not None:
+            built = self.built[s.name] = check_with_parser(s.name, s.type, value, self.problems)
+            self.resolved[s.name] = with_defaults(value) if built is not None else value
+
+    def component_list(self, s: Section) -> None:
+        """A non-empty list of components, each checked as :meth:`component` under ``NAME[i]``."""
+        raw = self.cfg.get(s.name, [])
+        if s.name in self.cfg and (not isinstance(raw, list) or not raw):
+            self.problems.append(f"{s.name}: expected a non-empty list of {s.registry} sources")
+            raw = []
+        built: list[Component] = []
+        resolved: list[Any] = []
+        self.built[s.name], self.resolved[s.name] = built, resolved
+        for i, item in enumerate(raw):
+            value = resolve_component(item, f"{s.name}[{i}]", s.registry, self.host, self.problems)
+            if value is not None:
+                got = check_with_parser(s.name, s.option_type(), [value], self.problems, where=f"{s.name}[{i}]")
+                resolved.append(value if got is None else with_defaults(value))
+                built.extend(got or [])
+
+    def factory(self, s: Section) -> None:
+        """A callable built by jsonargparse from a class path and arguments (``None`` when optional and absent)."""
+        self.built[s.name] = None
+        if s.name in self.cfg and not (s.optional and self.cfg[s.name] is None):
+            self.resolved[s.name] = self.cfg[s.name]
+            self.built[s.name] = check_with_parser(s.name, s.type, self.cfg[s.name], self.problems)
+
+    def mapping(self, s: Section) -> None:
+        """``reward_weights``: reward name -> number (checked against the rewards once they are built)."""
+        weights = self.cfg.get(s.name, {}) or {}
+        if not isinstance(weights, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()
+        ):
+            self.problems.append(f"{s.name}: expected a mapping of reward name to number, got {short_repr(weights)}")
+            weights = {}
+        self.built[s.name] = weights
+
+    def eval(self, s: Section) -> None:
+        """The optional ``eval`` section (:func:`rlpost.engine.evaluation.validate_eval`)."""
+        self.built[s.name] = None
+        if self.cfg.get(s.name) is not None:
+            train_rewards = self.resolved.get("rewards", [])
+            checks = _Components(self.host)
+            got = validate_eval(self.cfg[s.name], train_rewards, self.built, checks, self.problems)
+            self.built[s.name], self.resolved[s.name] = got
+
+
+class _Components:
+    """The recipe's component checks for the ``eval`` section (:class:`rlpost.engine.evaluation.ComponentChecks`):
+    names resolved and arguments type-checked exactly as in the training sections."""
+
+    def __init__(self, host: Registries) -> None:
+        self.host = host
+
+    def resolve(self, value: Any, where: str, kind: str, problems: list[str]) -> Any:
+        """:func:`~rlpost.engine.recipe.names.resolve_component` with this recipe's registries."""
+        return resolve_component(value, where, kind, self.host, problems)
+
+    def check(self, key: str, typ: Any, value: Any, problems: list[str], where: str) -> Any:
+        """:func:`~rlpost.engine.recipe.typecheck.check_with_parser`."""
+        return check_with_parser(key, typ, value, problems, where=where)
+
+
+def _range_problems(cfg: dict[str, Any], built: dict[str, Any]) -> list[str]:
+    """Each config section's own ``problems()`` (prefixed with its section name) for the sections that type-checked,
+    then the checks that need two sections: distributed against run and ema, and the torch optimizer's arguments."""
+    problems = [
+        f"{s.name}.{p}"
+        for s in SECTIONS
+        if s.kind == "config" and built.get(s.name) is not None
+        for p in built[s.name].problems()
+    ]
+    if built.get("distributed") is not None and built.get("run") is not None:
+        ema = cfg.get("ema") is not None
+        problems.extend(validate_distributed(built["distributed"], built["run"].groups_per_step, ema=ema))
+    if built.get("torch_optimizer") is not None:
+        problems.extend(
+            _optimizer_checks(cfg["torch_optimizer"], built["torch_optimizer"], cfg.get("lr_scheduler"), built)
+        )
+    return problems
+
+
+def _check_rewards(names: list[str], weights: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    if len(set(names)) != len(names):
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        problems.append(f"rewards: reward source(s) {dupes} listed twice")
+    for name, weight in weights.items():
+        if name not in names:
+            problems.append(f"reward_weights.{name}: names no reward in 'rewards'{suggest(name, names)}")
+        elif not math.isfinite(weight):
+            problems.append(f"reward_weights.{name}: must be a finite number, got {weight}")
+        elif weight < 0:
+            problems.append(f"reward_weights.{name}: negative weight {weight} (use a reward that scores the opposite)")
+    if names and all(float(weights.get(n, 1.0)) == 0.0 for n in names):
+        problems.append("reward_weights: all weights are zero; at least one reward must count")
+    return problems
+
+
+def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
+    problems: list[str] = []
+    missing = recipe.advantage.requires - recipe.sampler.provides
+    if missing:
+        problems.append(
+            f"advantage: {recipe.advantage.name!r} requires {sorted(missing)} from the sampler, but sampler "
+            f"{recipe.sampler.name!r} provides {sorted(recipe.sampler.provides) or 'nothing'}"
+        )
+    if problems or not sane_run:
+        return problems  # the component checks below assume a sane run section
+    components: list[Component] = [
+        recipe.model,
+        recipe.prompts,
+        recipe.sampler,
+        *recipe.rewards,
+        recipe.advantage,
+        recipe.optimizer,
+    ]
+    for component in components:
+        for problem in component.validate(recipe):
+            problems.append(problem)
+    if recipe.eval is not None:  # evaluation components report under their own fields
+        problems.extend(component_problems(recipe.eval, recipe))
+    return problems
+
+
+def _optimizer_checks(raw: Any, factory: OptimizerFactory, raw_scheduler: Any, built: dict[str, Any]) -> list[str]:
+    """Check the learning rate, then build ``torch.optim`` optimizers (and schedulers) on a one-element probe
+    parameter so torch's own argument checks (betas, eps, weight decay, ...) fail here instead of after the model
+    loaded. Other optimizer classes are not built: their constructors may need an accelerator or compile kernels."""
+    class_path = raw.get("class_path") if isinstance(raw, dict) else raw
+    init = (raw.get("init_args") or {}) if isinstance(raw, dict) else {}
+    lr = init.get("lr") if isinstance(init, dict) else None
+    if isinstance(lr, (int, float)) and not isinstance(lr, bool) and not (math.isfinite(lr) and lr > 0):
+        return [f"torch_optimizer.init_args.lr: must be a positive finite number, got {lr}"]
+    if not (isinstance(class_path, str) and class_path.startswith("torch.optim.")):
+        return []
+    probe = torch.nn.Parameter(torch.zeros(1))
+    try:
+        optimizer = factory([probe])
+    except Exception as exc:  # noqa: BLE001 - torch raises ValueError/TypeError/RuntimeError for bad arguments
+        return [f"torch_optimizer: {class_path} rejects its arguments: {_one_line(exc)}"]
+    problems = []
+    for group in optimizer.param_groups:
+        value = float(group.get("lr", 1.0))
+        if not (math.isfinite(value) and value > 0):
+            problems.append(f"torch_optimizer.init_args.lr: must be a positive finite number, got {value}")
+            break
+    scheduler_path = raw_scheduler.get("class_path") if isinstance(raw_scheduler, dict) else raw_scheduler
+    factory_s = built.get("lr_scheduler")
+    run_length = is_run_length_lr(scheduler_path)  # its constructor's messages already name the field
+    if not problems and factory_s is not None and (run_length or str(scheduler_path).startswith("torch.optim.")):
+        try:
+            factory_s(optimizer)
+        except Exception as exc:  # noqa: BLE001 - as above
+            text = _one_line(exc)
+            problems.append(text if run_length else f"lr_scheduler: {scheduler_path} rejects its arguments: {text}")
+    return problems
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
