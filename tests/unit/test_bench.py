@@ -520,7 +520,7 @@ def test_bench_binds_its_time_budget_to_a_learning_rate_schedule_over_time(
     recipe = bench.Bench(spec, host=build_host(), log=lambda msg: None)._recipe(algo, 3)
     assert recipe.config["lr_scheduler"] == {
         "class_path": "rlpost.RunLengthLR",
-        "init_args": {"shape": "linear", "final": 0.0, "over": "time", "budget_s": 80.0},
+        "init_args": {"shape": "linear", "warmup": 0.0, "final": 0.0, "over": "time", "budget_s": 80.0},
     }
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     scheduler = recipe.lr_scheduler(optimizer)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rlpost.apps import cli
-from rlpost.core.plugins import get_host, reset_host
+from rlpost.apps.host import get_host, reset_host
 from rlpost.engine.recipe import SECTION, RecipeError, build_parser, load_recipe, parse_recipe, parse_recipe_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +108,14 @@ CASES = [
         "scheduler",
         [*BENCH, "--lr_scheduler", "{class_path: torch.optim.lr_scheduler.CosineAnnealingLR, init_args: {T_max: 500}}"],
         {"lr_scheduler.class_path": "torch.optim.lr_scheduler.CosineAnnealingLR", "lr_scheduler.init_args.T_max": 500},
+    ),
+    Case(
+        "run-length-schedule",
+        [
+            *("--recipe", DIGITS, "--recipe", "recipes/ablations/lr_decay_to_end.yaml"),
+            *("--lr_scheduler.init_args.shape", "cosine", "--lr_scheduler.init_args.warmup", "0.05"),
+        ],
+        {"lr_scheduler.init_args.shape": "cosine", "lr_scheduler.init_args.warmup": 0.05},
     ),
     Case(
         "qualified-reward",
