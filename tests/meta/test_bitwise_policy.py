@@ -76,6 +76,11 @@ ALLOWED: dict[tuple[str, str], str] = {
         "tests/plugins/rewards/test_imagereward.py",
         "assert torch.equal(a.head.layers[7].weight, b.head.layers[7].weight)",
     ): "no-arithmetic",
+    # a step skipped for a non-finite gradient leaves the weights untouched
+    (
+        "tests/unit/test_update_result.py",
+        "assert backend.skipped_steps == 1 and torch.equal(theta.detach(), before)",
+    ): "no-arithmetic",
     (
         "tests/plugins/rewards/test_openclip_rewards.py",
         "assert torch.equal(pixels[..., :8], torch.zeros(1, 3, 32, 8)) and torch.equal(pixels[..., 24:], pixels[..., :8])",
