@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from rlpost import EdgeEval, PolicyOptimizer, UpdateContext, UpdateResult, hookimpl
+from rlpost import PolicyOptimizer, UpdateContext, UpdateResult, hookimpl
 from rlpost.components.clipped_surrogate import ClippedSurrogate
 from rlpost.core.api import update_result_problems
 from rlpost.core.plugin_errors import PluginRuntimeError
@@ -29,6 +29,7 @@ from rlpost.engine.runner import Runner
 from rlpost.engine.sharding import UpdateTotals, reduce_updates
 from tests import toy_components
 from tests.toy_components import toy_recipe
+from tests.unit.test_guards import _nan_loss_at_step
 
 COUNTS = "trained_edges, train_forwards, reference_forwards, nonfinite_losses"
 DICT = f"returned a dict of metrics, expected rlpost.UpdateResult with the required fields {COUNTS}"
@@ -220,22 +221,9 @@ def test_a_rule_dropping_the_guard_fields_fails_the_run_naming_its_plugin(tmp_pa
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
 
 
-def _nan_log_probs_at_step(runner: Runner, bad_step: int, monkeypatch) -> None:
-    sampler = runner.recipe.sampler
-    original = sampler.evaluate
-
-    def evaluate(policy, rollout, edges):
-        out = original(policy, rollout, edges)
-        if runner.ctx.step == bad_step:
-            return EdgeEval(out.log_prob * float("nan"), out.mean, out.std, out.forwards)
-        return out
-
-    monkeypatch.setattr(sampler, "evaluate", evaluate)
-
-
 def test_a_nonfinite_loss_the_rule_does_not_report_still_trips_the_guard(tmp_path, monkeypatch):
     runner = _runner(tmp_path, "unchecked-rule", policy="skip", steps=3)
-    _nan_log_probs_at_step(runner, 1, monkeypatch)
+    _nan_loss_at_step(runner, 1, monkeypatch)
     history = runner.run()
     assert [m["guard/nonfinite_loss"] for m in history] == [0.0, 1.0, 0.0]
     assert [m["train/nonfinite_loss"] for m in history] == [0.0, 1.0, 0.0]
@@ -243,7 +231,7 @@ def test_a_nonfinite_loss_the_rule_does_not_report_still_trips_the_guard(tmp_pat
     assert runner.recipe.model.a is not None and torch.isfinite(runner.recipe.model.a).all()
 
     stopping = _runner(tmp_path / "stop", "unchecked-rule", policy="stop", steps=3)
-    _nan_log_probs_at_step(stopping, 1, monkeypatch)
+    _nan_loss_at_step(stopping, 1, monkeypatch)
     with pytest.raises(NonFiniteError, match="1 non-finite loss value"):
         stopping.run()
 
