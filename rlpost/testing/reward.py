@@ -59,7 +59,7 @@ def check_reward_source(
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)] if prompts is None else list(prompts)
     metadata = [{} for _ in range(n)] if metadata is None else list(metadata)
     if setup and not check.ran("setup()", reward.setup, torch.device(device)):
-        check.done()
+        check.done()  # raises: nothing can be scored without set-up
     before = snapshot(images, prompts, metadata)
     scores = check.call("score()", reward.score, images, prompts, metadata)
     check.expect(same_state(snapshot(images, prompts, metadata), before), "score() changed its inputs in place")

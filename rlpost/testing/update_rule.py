@@ -106,7 +106,7 @@ def check_update_rule(
     check = Checker("update rule", rule)
     params = policy.trainable_parameters()
     if not check.expect(bool(params), "the policy given to check_update_rule has no trainable parameters"):
-        check.done()
+        check.done()  # raises: nothing could be trained
     start = [p.detach().clone() for p in params]
     if rollout is None:
         rollout = sample_rollout(sampler, policy, groups, samples_per_group, seed)
