@@ -41,8 +41,9 @@ from rlpost.core.api import (
     StepCounts,
     TrainBackend,
     UpdateContext,
+    UpdateResult,
 )
-from rlpost.core.context import RecipeView, RunContext, RunSettings
+from rlpost.core.context import RecipeView, RunContext, RunSettings, RunStatus
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
@@ -89,6 +90,7 @@ __all__ = [
     "RunContext",
     "RunLengthLR",
     "RunSettings",
+    "RunStatus",
     "SD3Policy",
     "Sampler",
     "Stash",
@@ -98,6 +100,7 @@ __all__ = [
     "TIME_GRIDS",
     "TrainBackend",
     "UpdateContext",
+    "UpdateResult",
     "__version__",
     "assemble_sd3_pipeline",
     "broadcast_to_edges",

@@ -6,6 +6,8 @@
 * Third-party plugins installed on the machine are never auto-loaded in tests (``RLPOST_DISABLE_PLUGIN_AUTOLOAD``);
   first-party plugins (distribution ``rlpost``) still load.
 * Tests run on 2 CPU threads in fp32, deterministically.
+* The conformance kit's pytest plugin (``rlpost.testing.pytest_plugin``) gives its tiny-model fixtures. An installed
+  rlpost also declares it as a ``pytest11`` entry point under the same name, and pytest loads a plugin once.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ if os.environ.get("HF_HUB_OFFLINE") != "1":
         "run the tests with HF_HUB_OFFLINE=1 set before Python starts (see README: 'HF_HUB_OFFLINE=1 .venv/bin/pytest')"
     )
 os.environ["RLPOST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+
+pytest_plugins = ["rlpost.testing.pytest_plugin"]
 
 import torch  # noqa: E402
 

@@ -1,6 +1,7 @@
 """Shared fixtures for model tests: tiny real-architecture SD3 and FLUX pipelines, each saved once per session.
 
-Imported into ``tests/conftest.py`` so every test package can request them.
+Imported into ``tests/conftest.py`` so every test package can request them. The pipelines are the conformance kit's
+(``rlpost.testing.pytest_plugin``, loaded by ``tests/conftest.py``), so a session builds each once.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ import torch
 
 
 @pytest.fixture(scope="session")
-def tiny_sd3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_sd3_dir(rlpost_tiny_sd3_dir: Path) -> Path:
     """A tiny random-weight ``StableDiffusion3Pipeline`` (32 px, VAE factor 2, patch 2) saved with save_pretrained."""
-    from rlpost.models.tiny import build_tiny_sd3
-
-    return build_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3") / "pipe", seed=0, sample_size=32)
+    return rlpost_tiny_sd3_dir
 
 
 @pytest.fixture
@@ -38,11 +37,9 @@ def make_sd3_policy(tiny_sd3_dir: Path) -> Callable[..., Any]:
 
 
 @pytest.fixture(scope="session")
-def tiny_flux_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_flux_dir(rlpost_tiny_flux_dir: Path) -> Path:
     """A tiny random-weight ``FluxPipeline`` (32 px, VAE factor 2, 2x2 packing, guidance embedding) saved once."""
-    from rlpost.models.tiny import build_tiny_flux
-
-    return build_tiny_flux(tmp_path_factory.mktemp("tiny_flux") / "pipe", seed=0, sample_size=32)
+    return rlpost_tiny_flux_dir
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from rlpost.bench.costmodel import Calibration, calibrate, predicted_counts
 from rlpost.bench.measure import PHASES, AlgoState, IterRecord, bench_result, run_key
 from rlpost.bench.report import write_outputs
 from rlpost.bench.spec import AlgoSpec, BenchSpec
-from rlpost.core.context import RunContext
+from rlpost.core.context import RunContext, RunStatus
 from rlpost.core.contract import Rollout
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.plugins import PluginHost
@@ -150,7 +150,8 @@ class Bench:
         wall = time.perf_counter() - t0
         pred = predicted_counts(state.recipe)  # after the step: the counts of the draws its begin_step made
         mid = self.probe.after_rollout.get(id(runner.ctx), before)
-        reference = int(metrics.get("perf/reference_forwards", 0))  # the update's forwards include a KL reference's
+        update = runner.last_update.result if runner.last_update is not None else None  # None: the guards skipped it
+        reference = update.reference_forwards if update is not None else 0  # the update's forwards include a KL's
         state.cumulative_s += wall
         record = IterRecord(
             iteration=runner.ctx.step,
@@ -162,7 +163,7 @@ class Bench:
             reference_forwards=reference,
             predicted=pred,
             images=int(metrics.get("perf/images", 0)),
-            trainable_edges=int(metrics.get("train/edges", 0)),
+            trainable_edges=update.trained_edges if update is not None else 0,
             reward=float(metrics.get("reward/weighted", math.nan)),
             peak_mem_gb=torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         )
@@ -214,12 +215,12 @@ class Bench:
             self.algos[0].recipe, self.spec.calibration_batch_sizes, self.spec.calibration_repeats
         )
         self.log(f"[bench] calibration: {self.calibration}")
-        status = "failed"
+        status = RunStatus.FAILED
         try:
             self._schedule()
-            status = "completed"
+            status = RunStatus.COMPLETED
         except KeyboardInterrupt:
-            status = "interrupted"
+            status = RunStatus.INTERRUPTED
             raise
         finally:
             self._close(status)
@@ -239,7 +240,7 @@ class Bench:
                 [f"bench.metric: {metric!r} is not among the held-out metrics of {missing} (found: {found or 'none'})"]
             )
 
-    def _close(self, status: str) -> None:
+    def _close(self, status: RunStatus) -> None:
         """Every run ends with an end checkpoint (the bench, not ``run.max_steps``, decided when it stops) and
         :meth:`rlpost.engine.runner.Runner.finish`."""
         self.host.unregister_plugin(PROBE)

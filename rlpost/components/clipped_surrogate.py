@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from rlpost.components.chain import edge_sample_ids
-from rlpost.core.api import PolicyOptimizer, UpdateContext
+from rlpost.core.api import PolicyOptimizer, UpdateContext, UpdateResult
 
 __all__ = ["AccumulationUnit", "ClippedSurrogate", "LossNormalisation", "parent_aligned_chunks"]
 
@@ -233,12 +233,12 @@ class ClippedSurrogate(PolicyOptimizer):
             plan.append(ordered_edges[(ordered_rank >= lo) & (ordered_rank <= hi)])
         return plan
 
-    def update(self, ctx: UpdateContext) -> dict[str, float]:
+    def update(self, ctx: UpdateContext) -> UpdateResult:
         """Run ``inner_epochs`` passes of clipped-surrogate updates over the trainable edges."""
         rollout = ctx.rollout
         edges = torch.nonzero(rollout.trainable, as_tuple=False).flatten()
         if edges.numel() == 0:
-            return {"train/edges": 0.0}
+            return UpdateResult(trained_edges=0, train_forwards=0, reference_forwards=0, nonfinite_losses=0)
         adv_all = ctx.advantages.edges.to(torch.float32)
         units = self._edge_units(ctx, edges)
         stats: dict[str, list[float]] = {}
@@ -268,10 +268,16 @@ class ClippedSurrogate(PolicyOptimizer):
                     stats.setdefault(k, []).append(v)
                 optimizer_steps += 1
         ctx.policy.train(False)
-        metrics = self._summarise(stats, first_ratio_dev, forwards, int(edges.numel()))
+        metrics = self._summarise(stats, first_ratio_dev)
         metrics.update(self._ratio_metrics(ratios))
         metrics["train/optimizer_steps"] = float(optimizer_steps)
-        return metrics
+        return UpdateResult(
+            trained_edges=int(edges.numel()),
+            train_forwards=forwards,
+            reference_forwards=int(sum(stats.get("reference_forwards", []))),
+            nonfinite_losses=int(sum(stats.get("nonfinite_loss", []))),
+            metrics=metrics,
+        )
 
     def _minibatch_loss(
         self, ctx: UpdateContext, mb: Tensor, adv: Tensor, denom: int
@@ -331,7 +337,7 @@ class ClippedSurrogate(PolicyOptimizer):
         return out
 
     @staticmethod
-    def _summarise(stats: dict[str, list[float]], first_dev: float, forwards: int, edges: int) -> dict[str, float]:
+    def _summarise(stats: dict[str, list[float]], first_dev: float) -> dict[str, float]:
         def mean(key: str) -> float:
             values = stats.get(key, [])
             return float(sum(values) / len(values)) if values else math.nan
@@ -348,9 +354,4 @@ class ClippedSurrogate(PolicyOptimizer):
             "train/first_ratio_dev": first_dev,
             "train/grad_norm": mean("train/grad_norm"),
             "train/lr": stats.get("train/lr", [math.nan])[-1],
-            "train/edges": float(edges),
-            "train/nonfinite_loss": float(sum(stats.get("nonfinite_loss", []))),
-            "train/nonfinite_grad_steps": float(sum(stats.get("train/nonfinite_grad_steps", []))),
-            "perf/train_forwards": float(forwards),
-            "perf/reference_forwards": float(sum(stats.get("reference_forwards", []))),
         }

@@ -1,4 +1,4 @@
-"""What lifecycle hooks see of a run: :class:`RunContext`.
+"""What lifecycle hooks see of a run: :class:`RunContext`, and how it ended: :class:`RunStatus`.
 
 It lives in the plugin kernel, below the engine that fills it in, so the hook specifications (and a plugin reading
 them) depend on nothing above ``rlpost.core``. What a hook may read of the recipe is declared here as the read-only
@@ -9,13 +9,35 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
 from rlpost.core.api import AdvantageEstimator, Policy, PolicyOptimizer, PromptSource, RewardSource, Sampler
 from rlpost.core.contract import Stash
 
-__all__ = ["RecipeView", "RunContext", "RunSettings"]
+__all__ = ["RecipeView", "RunContext", "RunSettings", "RunStatus"]
+
+
+class RunStatus(str, Enum):
+    """How a run ended: ``rlpost_after_run``'s ``status``, ``summary.json``'s ``"status"`` and ``Runner.status``.
+
+    A ``str`` enum: each member equals its value (``RunStatus.STOPPED == "stopped"``), so code comparing the plain
+    strings keeps working.
+    """
+
+    COMPLETED = "completed"
+    """Every one of ``run.max_steps`` steps ran."""
+    STOPPED = "stopped"
+    """The reward-hacking alarm asked the run to end early (``eval.alarm.stop``, ``docs/logging.md``); a checkpoint of
+    the last step was saved (with ``checkpoint.at_end``)."""
+    FAILED = "failed"
+    """An exception ended the run (a guard stop, a plugin failure, a bug)."""
+    INTERRUPTED = "interrupted"
+    """``KeyboardInterrupt`` (Ctrl-C) ended the run."""
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class RunSettings(Protocol):

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         RewardSource,
         Sampler,
     )
-    from rlpost.core.context import RunContext
+    from rlpost.core.context import RunContext, RunStatus
     from rlpost.core.contract import RewardScores, Rollout
     from rlpost.core.registry import Registry
 
@@ -188,9 +188,11 @@ def rlpost_load_state(run: RunContext, state: Mapping[str, Any]) -> None:
 
 
 @hookspec
-def rlpost_after_run(run: RunContext, status: str) -> None:
-    """Called once when the run ends, also when it fails or is interrupted.
+def rlpost_after_run(run: RunContext, status: RunStatus) -> None:
+    """Called once when the run ends, also when it stops early, fails or is interrupted.
 
-    :param run: The run context.
-    :param status: ``"completed"``, ``"failed"`` or ``"interrupted"``.
+    :param run: The run context; ``run.step`` is the number of completed steps, ``run.history`` their metrics.
+    :param status: How the run ended, a ``str`` enum equal to its value: ``"completed"`` (every step ran),
+        ``"stopped"`` (the reward-hacking alarm asked the run to end early, ``eval.alarm.stop``), ``"failed"`` or
+        ``"interrupted"``.
     """

@@ -48,7 +48,7 @@ from rlpost.core.registry import Registry, canonical_distribution
 
 if TYPE_CHECKING:
     from rlpost.core.api import Advantages
-    from rlpost.core.context import RunContext
+    from rlpost.core.context import RunContext, RunStatus
     from rlpost.core.contract import RewardScores, Rollout
 
 __all__ = ["ENTRY_POINT_GROUP", "PluginHost", "PluginInfo"]
@@ -365,8 +365,8 @@ class PluginHost:
         """Call ``rlpost_load_state`` with what :meth:`save_state` collected."""
         call_hook(self, "rlpost_load_state", run=run, state=state)
 
-    def after_run(self, run: RunContext, status: str) -> None:
-        """Call ``rlpost_after_run`` (``status``: ``completed``, ``failed`` or ``interrupted``)."""
+    def after_run(self, run: RunContext, status: RunStatus) -> None:
+        """Call ``rlpost_after_run`` with how the run ended (:class:`~rlpost.core.context.RunStatus`)."""
         call_hook(self, "rlpost_after_run", run=run, status=status)
 
     def register_plugin(self, plugin: object, name: str) -> None:

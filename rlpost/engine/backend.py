@@ -43,6 +43,7 @@ class EngineBackend(TrainBackend):
         optimizer: The torch optimizer (or a view whose ``state_dict`` is the whole, consolidated state).
         scheduler: The LR scheduler, or ``None``.
         num_steps: Optimizer steps taken; ``skipped_steps`` steps skipped for a non-finite gradient.
+        refused_losses: Non-finite losses :meth:`backward` refused (no gradient), since the backend was built.
     """
 
     parameters: Sequence[nn.Parameter]
@@ -50,6 +51,17 @@ class EngineBackend(TrainBackend):
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
     num_steps: int
     skipped_steps: int
+    refused_losses: int = 0
+
+    def refuse_nonfinite(self, loss: Tensor) -> bool:
+        """Count and refuse a non-finite ``loss``: ``True`` when :meth:`backward` must not use it.
+
+        The guards read this count (and ``skipped_steps``) themselves, so a non-finite loss is caught whether or not
+        the update rule checked it first (``rlpost.engine.runner``)."""
+        if bool(torch.isfinite(loss.detach()).all()):
+            return False
+        self.refused_losses += 1
+        return True
 
     @abstractmethod
     def full_state_dict(self) -> dict[str, Tensor]:
@@ -99,7 +111,9 @@ class LocalBackend(EngineBackend):
         self.skipped_steps = 0
 
     def backward(self, loss: Tensor) -> None:
-        """Accumulate gradients of ``loss``."""
+        """Accumulate gradients of ``loss`` (a non-finite one is refused and counted: :meth:`refuse_nonfinite`)."""
+        if self.refuse_nonfinite(loss):
+            return
         loss.backward()  # type: ignore[no-untyped-call]
 
     def step(self) -> dict[str, float]:
@@ -109,7 +123,6 @@ class LocalBackend(EngineBackend):
         if not math.isfinite(norm):
             # Never let a NaN/inf gradient reach the weights; the step is counted so the run can react.
             self.skipped_steps += 1
-            metrics["train/nonfinite_grad_steps"] = 1.0
             self.optimizer.zero_grad(set_to_none=True)
             return metrics
         if self.max_grad_norm is not None:

@@ -159,7 +159,8 @@ class DeepSpeedBackend(EngineBackend):
         return self.world.world_size
 
     def backward(self, loss: Tensor) -> None:
-        """Accumulate gradients of ``loss`` (times :attr:`loss_weight`, see the module docstring).
+        """Accumulate gradients of ``loss`` (times :attr:`loss_weight`, see the module docstring); a non-finite one is
+        refused and counted (:meth:`~rlpost.engine.backend.EngineBackend.refuse_nonfinite`).
 
         DeepSpeed must know at backward time whether a backward closes the optimizer step (ZeRO-2 reduces and
         partitions gradients inside backward at the boundary; earlier backwards only accumulate), but the update
@@ -168,6 +169,8 @@ class DeepSpeedBackend(EngineBackend):
         boundary set. Exact for every ZeRO stage; the price is one extra minibatch graph alive while the next
         minibatch's forward runs.
         """
+        if self.refuse_nonfinite(loss):
+            return
         weighted = loss * self.loss_weight if self.loss_weight != 1.0 else loss
         if self._pending is not None:
             self._run_backward(self._pending, boundary=False)
@@ -197,7 +200,6 @@ class DeepSpeedBackend(EngineBackend):
         if raw is not None and not math.isfinite(norm):
             # DeepSpeed skips non-finite steps itself only with fp16 loss scaling; count it so the guards react.
             self.skipped_steps += 1
-            metrics["train/nonfinite_grad_steps"] = 1.0
             return metrics
         self.num_steps += 1
         return metrics

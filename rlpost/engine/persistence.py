@@ -1,7 +1,7 @@
 """A run's state in and out of checkpoints: what the runner saves and restores, next to the on-disk format
 (:mod:`rlpost.engine.checkpoint`).
 
-The runner hands its parts over as a :class:`RunState` (plain references, built per call), so this module never
+The runner hands its parts over as a :class:`RunState` (plain references, built once at set-up), so this module never
 imports the runner: :func:`gather_state` / :func:`restore_state` turn the parts into the pickle-free state tree and
 back; :func:`save_checkpoint` / :func:`load_checkpoint` add the weights, EMA, diffusers artefacts, manifest, rotation
 and the run directory's resume record. What a checkpoint holds is described in ``docs/checkpoints.md``.

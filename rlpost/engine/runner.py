@@ -13,7 +13,6 @@ import random
 import resource
 import sys
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,8 @@ import torch
 
 from rlpost.components.prompt_selection import SpreadFilter
 from rlpost.components.prompts import PromptStream
-from rlpost.core.api import Advantages, UpdateContext
-from rlpost.core.context import RunContext
+from rlpost.core.api import Advantages, UpdateContext, update_result_problems
+from rlpost.core.context import RunContext, RunStatus
 from rlpost.core.contract import RewardScores, Rollout
 from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
@@ -39,7 +38,15 @@ from rlpost.engine.persistence import RunState
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
 from rlpost.engine.recipe import Recipe, state_breaking_changes
 from rlpost.engine.rundir import RunDirectory
-from rlpost.engine.sharding import STREAM_MINIBATCH, STREAM_ROLLOUT, GroupSharding, LocalSharding, stream_generator
+from rlpost.engine.scoring import score_rollout
+from rlpost.engine.sharding import (
+    STREAM_MINIBATCH,
+    STREAM_ROLLOUT,
+    GroupSharding,
+    LocalSharding,
+    UpdateTotals,
+    stream_generator,
+)
 from rlpost.ops.images import save_grid
 
 __all__ = ["Runner"]
@@ -77,7 +84,11 @@ class Runner:
         self.evaluator: Evaluator | None = None
         self.logger: MetricsLogger | None = None
         self.last_saved_step = -1
-        self.status: str | None = None  # the final status finish() recorded (completed, stopped, failed, ...)
+        self.last_update: UpdateTotals | None = None
+        """The last step's update (its typed counts; ``None`` when the guards skipped it), for drivers such as the
+        bench that account for its cost."""
+        self.status: RunStatus | None = None  # the final status finish() recorded
+        self._state: RunState | None = None  # the parts checkpoints save and restore, built once by setup()
         self.phases = PhaseTimer()
         """Wall time of each step phase and of evaluations (:mod:`rlpost.engine.phases`)."""
 
@@ -119,7 +130,7 @@ class Runner:
         else:
             self.backend = LocalBackend(params, optimizer, scheduler, r.run.max_grad_norm)
         selector = SpreadFilter(r.run.min_group_spread, r.run.max_skips) if r.run.min_group_spread else None
-        self.stream = PromptStream(r.prompts.load(), seed=self.seed, selector=selector)
+        self.stream = stream = PromptStream(r.prompts.load(), seed=self.seed, selector=selector)
         if r.ema is not None:  # under ZeRO the EMA keeps only this rank's share of the weights
             self.ema = EMA(params, r.ema, self.backend.weight_shards())
         if r.eval is not None:
@@ -128,6 +139,20 @@ class Runner:
         if self.ctx.is_main_process:
             resumed = checkpoint.step if checkpoint is not None else None
             self.logger = MetricsLogger(self.rundir, r.logging, self.rundir.path.name, r.config, resumed)
+        self._state = RunState(
+            recipe=r,
+            host=self.host,
+            ctx=self.ctx,
+            seed=self.seed,
+            rollout_gen=self.rollout_gen,
+            minibatch_gen=self.minibatch_gen,
+            stream=stream,
+            backend=self.backend,
+            guards=self.guards,
+            ema=self.ema,
+            rundir=self.rundir,
+            barrier=self.shard.barrier,
+        )
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
 
@@ -175,40 +200,9 @@ class Runner:
     # ------------------------------------------------------------------------------------------------- steps
 
     def score(self, rollout: Rollout) -> RewardScores:
-        """Score the rollout's images with every reward source; non-finite scores are recorded by the guards.
-
-        With several sources they score concurrently, one worker thread each (torch, PIL and HTTP release the GIL),
-        so a step waits for the slowest reward rather than the sum of all of them.
-        """
-        rewards = self.recipe.rewards
-        args = (rollout.images, rollout.sample_prompts, rollout.sample_metadata)
-
-        def run(reward: Any) -> Any:
-            try:
-                return reward.score(*args)
-            except Exception as exc:  # noqa: BLE001 - a plugin's failure becomes a guard event naming it
-                return exc
-
-        if len(rewards) == 1:
-            results = [run(rewards[0])]
-        else:
-            with ThreadPoolExecutor(max_workers=len(rewards), thread_name_prefix="rlpost-reward") as pool:
-                results = list(pool.map(run, rewards))
-        scores = {}
-        n = rollout.num_samples
-        for reward, raw in zip(rewards, results, strict=True):
-            problem = _reward_problem(raw, n)
-            if problem is not None:
-                # A failed reward counts like a non-finite one: NaN scores keep the step's bookkeeping shaped, the
-                # guards skip the update (``skip``) or save a checkpoint and stop naming the plugin (``stop``).
-                distribution, plugin = self.host.component_origin("reward", reward)
-                self.guards.plugin_failed(PluginRuntimeError(distribution, plugin, f"reward {reward.name!r}", problem))
-                scores[reward.name] = torch.full((n,), float("nan"))
-                continue
-            values = raw.float().cpu()
-            self.guards.finite_mask("reward", values, f"reward {reward.name!r}")
-            scores[reward.name] = values
-        return RewardScores(scores=scores, weights=dict(self.recipe.reward_weights))
+        """Score the rollout's samples with every reward source (:func:`rlpost.engine.scoring.score_rollout`);
+        failed or non-finite scores are recorded by the guards."""
+        return score_rollout(self.recipe.rewards, dict(self.recipe.reward_weights), rollout, self.guards, self.host)
 
     def step(self) -> dict[str, float]:
         """One training step; returns its metrics (identical on every rank). Each phase is timed in
@@ -230,7 +224,7 @@ class Runner:
         view = shard.gather(rollout, scores, self.guards)  # whole groups of every rank (the rollout itself locally)
         self.stream.observe(view.rollout, view.scores)  # identical on every rank (run.min_group_spread)
         adv_metrics: dict[str, float] = {}
-        update: dict[str, float] = {}
+        update: UpdateTotals | None = None
         if not self.guards.tripped:  # a non-finite reward poisons its group's advantages: skip the update
             with timed("advantage"):
                 advantages = view.local(self._guard_advantages(r.advantage.estimate(view.rollout, view.scores)))
@@ -238,8 +232,9 @@ class Runner:
             adv_metrics, gen = advantages.metrics, shard.minibatch_generator(self.ctx.step)
             with timed("update"):
                 ctx = UpdateContext(r.model, r.sampler, rollout, advantages, self.backend, gen, self.ctx.step)
-                update = shard.reduce(r.optimizer.update(ctx))
+                update = shard.reduce(self._update(ctx))
             self._guard_update(update)
+        self.last_update = update
         metrics = self._metrics(view.rollout, view.scores, adv_metrics, update) | self.guards.metrics()
         metrics |= self.stream.metrics()
         lr_schedule.end_step(self.backend.scheduler, metrics["perf/step_sec"], shard.reduce)
@@ -276,10 +271,29 @@ class Runner:
         samples = torch.nan_to_num(advantages.samples, nan=0.0, posinf=0.0, neginf=0.0)
         return Advantages(edges=edges, samples=samples, metrics=advantages.metrics)
 
-    def _guard_update(self, update: dict[str, float]) -> None:
-        """The update rule skips non-finite losses and the backend non-finite gradients; count them here."""
-        self.guards.record("loss", int(update.get("train/nonfinite_loss", 0.0) or 0), "the policy loss")
-        self.guards.record("grad", int(update.get("train/nonfinite_grad_steps", 0.0) or 0), "the gradients")
+    def _update(self, ctx: UpdateContext) -> UpdateTotals:
+        """The update rule's step, with what the backend counted while it ran.
+
+        Raises:
+            PluginRuntimeError: The rule returned anything but a complete :class:`~rlpost.core.api.UpdateResult`
+                (the guards and cost accounting would lose their counts), naming its plugin and distribution.
+        """
+        assert self.backend is not None
+        backend, optimizer = self.backend, self.recipe.optimizer
+        refused, skipped = backend.refused_losses, backend.skipped_steps
+        result = optimizer.update(ctx)
+        problems = update_result_problems(result)
+        if problems:
+            distribution, plugin = self.host.component_origin("optimizer", optimizer)
+            where = f"optimizer {optimizer.name!r}"
+            raise PluginRuntimeError(distribution, plugin, where, "update(): " + "; ".join(problems))
+        return UpdateTotals(result, backend.refused_losses - refused, backend.skipped_steps - skipped)
+
+    def _guard_update(self, update: UpdateTotals) -> None:
+        """Non-finite losses never reach the gradients (the rule keeps them from ``backward``, or the backend refuses
+        them) and non-finite gradients never reach the weights (the backend skips the step); count both here."""
+        self.guards.record("loss", update.nonfinite_losses, "the policy loss")
+        self.guards.record("grad", update.nonfinite_grad_steps, "the gradients")
 
     def _stop_on_guard(self) -> None:
         error = self.guards.error(self.ctx.step)
@@ -300,14 +314,14 @@ class Runner:
             self.logger.log_image(self.ctx.step, "samples/grid", grid)
 
     def _metrics(
-        self, rollout: Rollout, scores: RewardScores, adv: dict[str, float], update: dict[str, float]
+        self, rollout: Rollout, scores: RewardScores, adv: dict[str, float], update: UpdateTotals | None
     ) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for name, values in scores.scores.items():
             metrics[f"reward/{name}"] = float(values.mean())
         metrics["reward/weighted"] = float(scores.weighted_sum().mean())
         metrics.update({k if "/" in k else f"adv/{k}": v for k, v in adv.items()})
-        metrics.update(update)
+        metrics.update(update.metrics() if update is not None else {})
         metrics.update(rollout.stats)
         metrics["perf/images"] = float(rollout.num_samples)
         for phase in STEP_PHASES:  # a skipped phase (no update after a guard trip) took no time
@@ -323,22 +337,10 @@ class Runner:
     # ------------------------------------------------------------------------------------------ state & disk
 
     def _run_state(self) -> RunState:
-        """This run's parts as :mod:`rlpost.engine.persistence` saves and restores them."""
-        assert self.stream is not None and self.backend is not None, "call setup() first"
-        return RunState(
-            recipe=self.recipe,
-            host=self.host,
-            ctx=self.ctx,
-            seed=self.seed,
-            rollout_gen=self.rollout_gen,
-            minibatch_gen=self.minibatch_gen,
-            stream=self.stream,
-            backend=self.backend,
-            guards=self.guards,
-            ema=self.ema,
-            rundir=self.rundir,
-            barrier=self.shard.barrier,
-        )
+        """This run's parts as :mod:`rlpost.engine.persistence` saves and restores them (built once by :meth:`setup`:
+        references, so restoring writes into the live objects)."""
+        assert self._state is not None, "call setup() first"
+        return self._state
 
     def state(self) -> dict[str, Any]:
         """Everything needed to continue this run except the trainable weights
@@ -388,32 +390,34 @@ class Runner:
         self.setup()
         self.host.before_run(self.ctx)
 
-    def finish(self, status: str) -> None:
-        """End the run with ``status`` (``"completed"``, ``"failed"`` or ``"interrupted"``): write the summary (main
-        process), close the metric sinks and call ``rlpost_after_run``. Call it from a ``finally`` after
+    def finish(self, status: RunStatus | str) -> None:
+        """End the run with ``status`` (a :class:`~rlpost.core.context.RunStatus` or its value): write the summary
+        (main process), close the metric sinks and call ``rlpost_after_run``. Call it from a ``finally`` after
         :meth:`begin` succeeded.
 
         Raises:
+            ValueError: ``status`` is no :class:`~rlpost.core.context.RunStatus` value.
             PluginRuntimeError: An ``rlpost_after_run`` implementation failed after a completed run. When the run
                 is already failing, that failure is the one to report: the plugin's becomes a warning.
         """
+        status = RunStatus(status)
         self.status = status
         if self.ctx.is_main_process:
-            self.rundir.write_summary(status, self.ctx.step, self.ctx.history)
+            self.rundir.write_summary(status.value, self.ctx.step, self.ctx.history)
         if self.logger is not None:
             self.logger.close()
         try:
             self.host.after_run(self.ctx, status)
         except PluginRuntimeError as exc:
-            if status == "completed":
+            if status is RunStatus.COMPLETED:
                 raise
-            warnings.warn(f"{exc} (while the run was {status})", UserWarning, stacklevel=2)
+            warnings.warn(f"{exc} (while the run was {status.value})", UserWarning, stacklevel=2)
 
     def run(self) -> list[dict[str, float]]:
         """:meth:`begin`, evaluate the start, run every step with its periodic evaluations and checkpoints, and
         :meth:`finish` with the final status (also on failure)."""
         self.begin()
-        status = "failed"
+        status = RunStatus.FAILED
         try:
             if self.ctx.step == 0 and self.evaluator is not None:
                 self.evaluate()  # the "before" reference
@@ -423,26 +427,13 @@ class Runner:
                 # eval.alarm.stop (rlpost.engine.evaluation.alarm): the alarm fired and asked the run to end
                 if self.evaluator is not None and self.evaluator.stop_requested:
                     break
-            status = "stopped" if self.ctx.step < self.recipe.run.max_steps else "completed"
-            if status == "stopped" and self.recipe.checkpoint.at_end and self.last_saved_step != self.ctx.step:
+            status = RunStatus.STOPPED if self.ctx.step < self.recipe.run.max_steps else RunStatus.COMPLETED
+            stopped = status is RunStatus.STOPPED
+            if stopped and self.recipe.checkpoint.at_end and self.last_saved_step != self.ctx.step:
                 self.save_checkpoint("alarm-stop")
         except KeyboardInterrupt:
-            status = "interrupted"
+            status = RunStatus.INTERRUPTED
             raise
         finally:
             self.finish(status)
         return self.ctx.history
-
-
-def _reward_problem(raw: Any, n: int) -> str | None:
-    """Why a reward's return value (or the exception it raised) is not ``n`` scores, or ``None`` when it is."""
-    if isinstance(raw, BaseException):
-        text = str(raw).strip().splitlines()
-        return f"raised {type(raw).__name__}" + (f": {text[0][:300]}" if text else "")
-    if not isinstance(raw, torch.Tensor):
-        return f"returned {type(raw).__name__}, expected a torch.Tensor of shape ({n},)"
-    if raw.shape != (n,):
-        return f"returned shape {tuple(raw.shape)}, expected ({n},)"
-    if not (raw.is_floating_point() or raw.dtype in (torch.int32, torch.int64, torch.bool)):
-        return f"returned dtype {raw.dtype}, expected real numbers"
-    return None

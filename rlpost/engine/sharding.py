@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from rlpost.components.prompts import PromptStream
-from rlpost.core.api import Advantages, Policy, Sampler
+from rlpost.core.api import Advantages, Policy, Sampler, UpdateResult
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout
 from rlpost.core.merge import merge_rollouts
 from rlpost.engine.guards import Guards
@@ -47,11 +47,13 @@ __all__ = [
     "GroupSharding",
     "GroupView",
     "LocalSharding",
+    "UpdateTotals",
     "begin_step",
     "derived_generator",
     "gather_view",
     "merge_rollouts",
     "reduce_metrics",
+    "reduce_updates",
     "skeleton",
     "stream_generator",
 ]
@@ -162,9 +164,39 @@ def gather_view(rollout: Rollout, scores: RewardScores, rank: int, gather: Gathe
     )
 
 
+@dataclass(frozen=True)
+class UpdateTotals:
+    """One step's update as the runner records it: the rule's :class:`~rlpost.core.api.UpdateResult` and what the
+    backend counted while it ran (summed over ranks by :meth:`GroupSharding.reduce`).
+
+    Attributes:
+        result: The update rule's result.
+        refused_losses: Non-finite losses the backend refused in ``backward``.
+        nonfinite_grad_steps: Optimizer steps the backend skipped for a non-finite gradient.
+    """
+
+    result: UpdateResult
+    refused_losses: int = 0
+    nonfinite_grad_steps: int = 0
+
+    @property
+    def nonfinite_losses(self) -> int:
+        """The step's non-finite losses, those the rule kept from ``backward`` and those the backend refused."""
+        return self.result.nonfinite_losses + self.refused_losses
+
+    def metrics(self) -> dict[str, float]:
+        """The update's metrics as logged: the rule's, then each count under its name (``docs/logging.md``)."""
+        out = dict(self.result.metrics)
+        for name, metric in UpdateResult.METRIC_NAMES.items():
+            out[metric] = float(getattr(self.result, name))
+        out[UpdateResult.METRIC_NAMES["nonfinite_losses"]] = float(self.nonfinite_losses)
+        out["train/nonfinite_grad_steps"] = float(self.nonfinite_grad_steps)
+        return out
+
+
 def reduce_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Combine per-rank update metrics: ``*_min``/``*_max`` by min/max, counts by sum, the rest by mean."""
-    summed = ("train/edges", "train/nonfinite_loss", "train/nonfinite_grad_steps", "perf/train_forwards")
+    """Combine per-rank update-rule metrics: ``*_min``/``*_max`` by min/max, the rest by mean (the counts are typed
+    fields, summed by :func:`reduce_updates`)."""
     out: dict[str, float] = {}
     for key in parts[0]:
         values = [float(p[key]) for p in parts if key in p]
@@ -172,11 +204,16 @@ def reduce_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
             out[key] = min(values)
         elif key.endswith("_max"):
             out[key] = max(values)
-        elif key in summed:
-            out[key] = sum(values)
         else:
             out[key] = sum(values) / len(values)
     return out
+
+
+def reduce_updates(parts: Sequence[UpdateTotals]) -> UpdateTotals:
+    """Combine per-rank updates: every count by sum, the metrics by :func:`reduce_metrics`."""
+    counts = {name: sum(getattr(p.result, name) for p in parts) for name in UpdateResult.count_fields()}
+    result = UpdateResult(**counts, metrics=reduce_metrics([p.result.metrics for p in parts]))
+    return UpdateTotals(result, sum(p.refused_losses for p in parts), sum(p.nonfinite_grad_steps for p in parts))
 
 
 # ------------------------------------------------------------------------------------------------ strategies
@@ -219,9 +256,9 @@ class LocalSharding:
         """The rollout itself is the whole view."""
         return GroupView(rollout, scores, slice(0, rollout.num_edges), slice(0, rollout.num_samples))
 
-    def reduce(self, metrics: dict[str, float]) -> dict[str, float]:
+    def reduce(self, update: UpdateTotals) -> UpdateTotals:
         """Nothing to reduce."""
-        return metrics
+        return update
 
     def barrier(self) -> None:
         """Nothing to wait for."""
@@ -289,9 +326,9 @@ class GroupSharding:
             guards.problems.extend(f"rank {r}: {p}" for p in problems)
         return view
 
-    def reduce(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Combine every rank's update metrics (:func:`reduce_metrics`)."""
-        return reduce_metrics(self._gather(metrics))
+    def reduce(self, update: UpdateTotals) -> UpdateTotals:
+        """Combine every rank's update (:func:`reduce_updates`)."""
+        return reduce_updates(self._gather(update))
 
     def barrier(self) -> None:
         """Wait for every rank."""

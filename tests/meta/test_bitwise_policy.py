@@ -76,6 +76,11 @@ ALLOWED: dict[tuple[str, str], str] = {
         "tests/plugins/rewards/test_imagereward.py",
         "assert torch.equal(a.head.layers[7].weight, b.head.layers[7].weight)",
     ): "no-arithmetic",
+    # a step skipped for a non-finite gradient leaves the weights untouched
+    (
+        "tests/unit/test_update_result.py",
+        "assert backend.skipped_steps == 1 and torch.equal(theta.detach(), before)",
+    ): "no-arithmetic",
     (
         "tests/plugins/rewards/test_openclip_rewards.py",
         "assert torch.equal(pixels[..., :8], torch.zeros(1, 3, 32, 8)) and torch.equal(pixels[..., 24:], pixels[..., :8])",
@@ -156,11 +161,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "tests/unit/test_checkpoint.py",
         'assert torch.equal(weights["trainable.0000"], torch.ones(2, 3)) and ema is None',
     ): "no-arithmetic",
-    # the same computation on the same inputs in one process (same seed, same objects)
-    (
-        "tests/plugins/rewards/conftest.py",
-        'assert torch.equal(scores, again), "scores must be deterministic"',
-    ): "one-machine",
+    # the same computation on the same inputs in one process (same seed, same objects); the conformance kit's
+    # determinism checks (rlpost/testing: same_state) rest on the same guarantee
     (
         "tests/plugins/treegrpo/test_sampler.py",
         'assert torch.equal(a.states, b.states) and a.stats["tree/window_start"] == b.stats["tree/window_start"]',

@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (2, "components, models", ("rlpost.components", "rlpost.models")),
     (3, "engine", ("rlpost.engine",)),
     (4, "facade", ("rlpost",)),
-    (5, "apps", ("rlpost.apps", "rlpost.bench")),
+    (5, "apps", ("rlpost.apps", "rlpost.bench", "rlpost.testing")),
 )
 
 

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from rlpost import hookimpl
+from rlpost import RunStatus, hookimpl
 from rlpost.apps.alarm_replay import replay
 from rlpost.apps.host import build_host
 from rlpost.apps.progress import alarm_text
@@ -219,6 +219,7 @@ def test_alarm_fires_on_a_planted_hack_and_stops_the_run(tmp_path: Any, host: Pl
     assert any("judge toy-flatness fell" in reason for reason in fired[0]["reasons"])
     run = tmp_path / "run"
     assert json.loads((run / "summary.json").read_text())["status"] == "stopped" == runner.status
+    assert runner.status is RunStatus.STOPPED
     assert (run / "checkpoints" / f"step_{step:06d}").is_dir()
     assert alarm_text(runner.ctx.stash.get(LAST_EVAL, {})) == f"HACKING ALARM (step {step})"
     summary = report_summary(run)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from rlpost import hookimpl
+from rlpost import RunStatus, hookimpl
 from rlpost.apps.host import build_host
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import validate
@@ -101,8 +101,13 @@ def test_hook_rlpost_after_step(probed):
 
 
 def test_hook_rlpost_after_run(probed):
-    probe, _, _ = probed
+    probe, runner, _ = probed
     assert probe.calls[-1] == ("after_run", {"status": "completed"})
+    status = probe.calls[-1][1]["status"]
+    assert status is RunStatus.COMPLETED is runner.status  # typed, and equal to the plain string
+    assert {s.value for s in RunStatus} == {"completed", "stopped", "failed", "interrupted"}
+    with pytest.raises(ValueError, match="'done' is not a valid RunStatus"):
+        runner.finish("done")
 
 
 def test_hook_rlpost_after_run_reports_failure(tmp_path):
@@ -114,6 +119,7 @@ def test_hook_rlpost_after_run_reports_failure(tmp_path):
     with pytest.raises(RuntimeError, match="reward server down"):
         Runner(recipe, host).run()
     assert probe.calls[-1] == ("after_run", {"status": "failed"})
+    assert probe.calls[-1][1]["status"] is RunStatus.FAILED
 
 
 def test_hook_rlpost_save_state(probed):

@@ -356,17 +356,25 @@ def test_trace_plugins(site):
     assert "[rlpost trace] rlpost_register_reward_sources -> ok" in proc.stderr
 
 
-def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_path, monkeypatch):
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "rlpost-reward-example"
+
+
+@pytest.fixture(scope="module")
+def example_site(tmp_path_factory) -> tuple[Path, Path]:
+    """docs/examples/rlpost-reward-example installed with pip: (site directory, the built copy of the source)."""
+    target, work = tmp_path_factory.mktemp("example-site"), tmp_path_factory.mktemp("example-build")
+    _pip_install(EXAMPLE, target, work)
+    return target, work / EXAMPLE.name
+
+
+def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_path, monkeypatch, example_site):
     """docs/examples/rlpost-reward-example installed with pip, then used from a recipe as ``brightness``."""
     from rlpost.engine.recipe import validate
     from rlpost.engine.runner import Runner
     from tests import toy_components
     from tests.toy_components import toy_recipe
 
-    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "rlpost-reward-example"
-    target = tmp_path / "site"
-    _pip_install(example, target, tmp_path)
-    monkeypatch.syspath_prepend(str(target))
+    monkeypatch.syspath_prepend(str(example_site[0]))
     monkeypatch.setenv("RLPOST_LOAD_PLUGINS", "rlpost-reward-example")
     monkeypatch.delitem(sys.modules, "rlpost_reward_example", raising=False)
     host = build_host(extra_plugins=(toy_components,))
@@ -375,6 +383,26 @@ def test_installing_the_documented_example_makes_its_reward_usable_by_name(tmp_p
     cfg["rewards"] = ["brightness"]
     history = Runner(validate(cfg, host), host).run()
     assert 0.0 <= history[0]["reward/brightness"] <= 1.0
+
+
+def test_the_documented_example_passes_its_own_tests_with_the_conformance_kit(example_site):
+    """The example's test suite (its README's ``pytest .../tests``), run against the installed package: it checks its
+    reward with ``rlpost.testing.check_reward_source``, as docs/writing_plugins.md tells plugin authors to."""
+    site, source = example_site
+    tests = source / "tests"
+    assert "check_reward_source(Brightness())" in (tests / "test_brightness.py").read_text()
+    rlpost_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), rlpost_root, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider", "--rootdir", str(source)],
+        cwd=source,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "2 passed" in proc.stdout
 
 
 def test_digits_world_is_a_blockable_first_party_plugin(monkeypatch):

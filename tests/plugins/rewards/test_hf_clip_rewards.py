@@ -26,19 +26,8 @@ import rlpost_rewards.aesthetic as aesthetic_mod
 from rlpost_rewards._paths import CheckpointNotFoundError
 from rlpost_rewards.pickscore import PickScoreReward
 
-from .conftest import PROMPTS, LoadCounter, check_reward_contract, make_images, tiny_hf_clip, write_clip_tokenizer
-
-OPENAI_MEAN, OPENAI_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
-
-
-def save_processor(directory: Path, size: int, mean: list[float], std: list[float]) -> None:
-    """A ``preprocessor_config.json`` as the hub snapshots carry (shortest edge = crop, bicubic)."""
-    from transformers import CLIPImageProcessorPil
-
-    processor = CLIPImageProcessorPil(
-        size={"shortest_edge": size}, crop_size={"height": size, "width": size}, image_mean=mean, image_std=std
-    )
-    processor.save_pretrained(str(directory))
+from .checkpoints import write_aesthetic_files, write_clip_tokenizer, write_pickscore_dirs
+from .conftest import PROMPTS, LoadCounter, check_reward_contract, make_images
 
 
 def pil_pixels(processor_dir: Path, images: torch.Tensor) -> torch.Tensor:
@@ -61,32 +50,13 @@ def _embeds(out: object) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def clip_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
     """PickScore layout: a CLIPModel directory, and a tokenizer directory with a (non-OpenAI) processor config."""
-    root = tmp_path_factory.mktemp("hfclip")
-    tok_dir = root / "tokenizer"
-    vocab = write_clip_tokenizer(tok_dir)
-    save_processor(tok_dir, 32, [0.5] * 3, [0.25] * 3)
-    model_dir = root / "model"
-    tiny_hf_clip(vocab).save_pretrained(str(model_dir))  # safetensors, as the hub snapshots
-    return model_dir, tok_dir, vocab
+    return write_pickscore_dirs(tmp_path_factory.mktemp("hfclip"))
 
 
 @pytest.fixture(scope="module")
 def aesthetic_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """``openai/clip-vit-large-patch14`` layout (model + OpenAI processor config) and a random predictor head."""
-    root = tmp_path_factory.mktemp("aesthetic")
-    clip_dir = root / "clip-vit-large-patch14"
-    tiny_hf_clip(600, seed=3).save_pretrained(str(clip_dir))
-    save_processor(clip_dir, 32, OPENAI_MEAN, OPENAI_STD)
-    torch.manual_seed(1)
-    head = aesthetic_mod.AestheticMLP(16)
-    with torch.no_grad():  # random weights scaled so every layer matters (released head: trained weights)
-        for layer in head.layers:
-            if isinstance(layer, torch.nn.Linear):
-                layer.weight.normal_(0, layer.in_features**-0.5)
-                layer.bias.normal_(0, 0.1)
-    head_path = root / "sac+logos+ava1-l14-linearMSE.pth"
-    torch.save(head.state_dict(), head_path)
-    return clip_dir, head_path
+    return write_aesthetic_files(tmp_path_factory.mktemp("aesthetic"))
 
 
 def aesthetic_reference(clip_dir: Path, head_path: Path, images: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,9 @@ Why not the upstream package as the reference: ``image-reward`` 1.5 requires ``t
 * ``data/imagereward_v1_shapes.json`` holds the state-dict names and shapes of upstream's own ``ImageReward`` module
   at full size, recorded by ``data/record_imagereward_shapes.py`` from the ``image-reward`` wheel. That is the key
   set of the released ``ImageReward.pt``; it must load strictly (checked on the meta device, no weights needed).
-* :func:`upstream_shapes` restates that module's names and shapes from the upstream source for any size; it must
-  reproduce the recorded file at full size, and then gives tiny random checkpoints in the real format.
+* :func:`upstream_shapes` (in ``checkpoints.py``, next to the tiny checkpoint builder) restates that module's names
+  and shapes from the upstream source for any size; it must reproduce the recorded file at full size, and then gives
+  tiny random checkpoints in the real format.
 * :func:`upstream_score` restates ``ImageReward.score_gard`` (``THUDM/ImageReward ImageReward/ImageReward.py``,
   ``models/BLIP/vit.py``, ``models/BLIP/med.py`` @c1392c6) in plain ``torch.nn.functional`` on those names, and
   :func:`upstream_pixels` restates ``ImageReward._transform`` on PIL images. The production reward must agree with
@@ -29,101 +30,16 @@ import torch.nn.functional as F  # noqa: N812
 import rlpost_rewards.imagereward as ir
 from rlpost_rewards._paths import CheckpointNotFoundError
 
+from .checkpoints import upstream_shapes, write_imagereward_files
 from .conftest import PROMPTS, LoadCounter, check_reward_contract, make_images
 
 DATA = Path(__file__).parent / "data"
-WORDS = "a photo of cat red car on street an astronaut riding horse bowl fruit watercolor painting mountains dog"
-WORDS += " wearing sunglasses city at night plate sushi the"
-MED = {
-    "hidden_size": 32,
-    "num_attention_heads": 2,
-    "num_hidden_layers": 2,
-    "intermediate_size": 64,
-    "hidden_act": "gelu",
-    "layer_norm_eps": 1e-12,
-    "max_position_embeddings": 40,
-    "pad_token_id": 0,
-    "type_vocab_size": 2,
-    "add_cross_attention": True,
-    "encoder_width": 768,
-}
-# BLIP's create_vit ties heads to width (12 at 768, 16 at 1024: width / 64); here 128 / 64 = 2.
-VIT = {"image_size": 32, "patch_size": 8, "width": 128, "depth": 2, "mlp_ratio": 4}
 # ImageReward.py: ImageReward.__init__ and _transform.
 IR_MEAN, IR_STD = 0.16717362830052426, 1.0333394966054072
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
 
 # ----------------------------------------------------------------------------- restatement of upstream
-
-
-def upstream_shapes(vit: dict, med: dict, embed_dim: int = 256, mlp_in: int | None = None) -> dict[str, list[int]]:
-    """Names and shapes of ``ImageReward(med_config).state_dict()``: ``blip`` = ``BLIP_Pretrain`` (ViT from
-    ``vit.py``, ``BertModel(add_pooling_layer=False)`` from ``med.py``, ``vision_proj``/``text_proj`` to
-    ``embed_dim``), then ``mlp`` = ``MLP(768)`` (``mlp_in`` overrides 768 for tiny text towers)."""
-    d, p, n = vit["width"], vit["patch_size"], (vit["image_size"] // vit["patch_size"]) ** 2
-    h, hid, inter = med["hidden_size"], vit["width"] * vit["mlp_ratio"], med["intermediate_size"]
-    out: dict[str, list[int]] = {}
-
-    def linear(name: str, o: int, i: int) -> None:
-        out[f"{name}.weight"], out[f"{name}.bias"] = [o, i], [o]
-
-    def norm(name: str, width: int) -> None:
-        out[f"{name}.weight"], out[f"{name}.bias"] = [width], [width]
-
-    v = "blip.visual_encoder"
-    out[f"{v}.cls_token"], out[f"{v}.pos_embed"] = [1, 1, d], [1, n + 1, d]
-    out[f"{v}.patch_embed.proj.weight"], out[f"{v}.patch_embed.proj.bias"] = [d, 3, p, p], [d]
-    for i in range(vit["depth"]):
-        b = f"{v}.blocks.{i}"
-        norm(f"{b}.norm1", d)
-        linear(f"{b}.attn.qkv", 3 * d, d)
-        linear(f"{b}.attn.proj", d, d)
-        norm(f"{b}.norm2", d)
-        linear(f"{b}.mlp.fc1", hid, d)
-        linear(f"{b}.mlp.fc2", d, hid)
-    norm(f"{v}.norm", d)
-    t = "blip.text_encoder"
-    out[f"{t}.embeddings.position_ids"] = [1, med["max_position_embeddings"]]  # persistent buffer in med.py
-    out[f"{t}.embeddings.word_embeddings.weight"] = [med["vocab_size"], h]
-    out[f"{t}.embeddings.position_embeddings.weight"] = [med["max_position_embeddings"], h]
-    norm(f"{t}.embeddings.LayerNorm", h)
-    for i in range(med["num_hidden_layers"]):
-        layer = f"{t}.encoder.layer.{i}"
-        for block, kv_width in (("attention", h), ("crossattention", d)):  # cross-attention keys read the ViT
-            linear(f"{layer}.{block}.self.query", h, h)
-            linear(f"{layer}.{block}.self.key", h, kv_width)
-            linear(f"{layer}.{block}.self.value", h, kv_width)
-            linear(f"{layer}.{block}.output.dense", h, h)
-            norm(f"{layer}.{block}.output.LayerNorm", h)
-        linear(f"{layer}.intermediate.dense", inter, h)
-        linear(f"{layer}.output.dense", h, inter)
-        norm(f"{layer}.output.LayerNorm", h)
-    linear("blip.vision_proj", embed_dim, d)
-    linear("blip.text_proj", embed_dim, h)
-    head = ((1024, mlp_in or 768), (128, 1024), (64, 128), (16, 64), (1, 16))
-    for j, (o, i) in zip((0, 2, 4, 6, 7), head, strict=True):
-        linear(f"mlp.layers.{j}", o, i)
-    return out
-
-
-def random_upstream_state(shapes: dict[str, list[int]], seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random tensors for ``shapes``, scaled so every layer matters: linear/conv weights ~ 1/sqrt(fan_in), norm
-    weights ~ 1 ± 0.1, biases and embeddings O(0.1-1)."""
-    g = torch.Generator().manual_seed(seed)
-    state: dict[str, torch.Tensor] = {}
-    for name, shape in shapes.items():
-        if name.endswith("position_ids"):
-            state[name] = torch.arange(shape[1])[None]
-        elif "norm" in name.lower() and name.endswith("weight"):
-            state[name] = 1 + 0.1 * torch.randn(shape, generator=g)
-        elif name.endswith("embeddings.weight") or name.endswith(("cls_token", "pos_embed")):
-            state[name] = torch.randn(shape, generator=g)
-        elif len(shape) >= 2:
-            state[name] = torch.randn(shape, generator=g) / math.sqrt(math.prod(shape[1:]))
-        else:
-            state[name] = 0.1 * torch.randn(shape, generator=g)
-    return state
 
 
 def upstream_pixels(images: torch.Tensor, size: int) -> torch.Tensor:
@@ -218,21 +134,7 @@ def upstream_tokenize(tok_dir: Path, prompts: list[str]) -> tuple[torch.Tensor, 
 @pytest.fixture(scope="module")
 def ir_files(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Tiny ``ImageReward.pt`` (upstream names, random weights), ``med_config.json`` and a BERT tokenizer dir."""
-    from transformers import BertTokenizer
-
-    root = tmp_path_factory.mktemp("imagereward")
-    raw = root / "raw_vocab.txt"
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    vocab += sorted(set(WORDS.split()) | set("bcdefghijklmnopqrstuvwxyz"))
-    raw.write_text("\n".join(vocab) + "\n")
-    tok_dir = root / "bert-base-uncased"
-    BertTokenizer(str(raw)).save_pretrained(str(tok_dir))
-    med = dict(MED, vocab_size=len(vocab) + 2)  # + BLIP's [DEC] and [ENC]
-    (root / "ImageReward").mkdir()
-    (root / "ImageReward" / "med_config.json").write_text(json.dumps(med))
-    state = random_upstream_state(upstream_shapes(VIT, med, embed_dim=8, mlp_in=MED["hidden_size"]))
-    torch.save(state, root / "ImageReward" / "ImageReward.pt")  # upstream saves model.state_dict() as is
-    return {"root": root, "tok": tok_dir, "ckpt": root / "ImageReward" / "ImageReward.pt", "state": state, "med": med}
+    return write_imagereward_files(tmp_path_factory.mktemp("imagereward"))
 
 
 # ------------------------------------------------------------------------------------------------ tests

@@ -92,7 +92,7 @@ def test_loss_matches_hand_computation():
         torch.Generator().manual_seed(0),
         0,
     )
-    metrics = rule.update(ctx)
+    metrics = rule.update(ctx).metrics
     # Per edge: max(-A r, -A clip(r, 0.8, 1.2)) with A clipped to [-5, 5].
     expected = [max(-1 * 1.5, -1 * 1.2), max(2 * 0.5, 2 * 0.8), max(-5 * 1.05, -5 * 1.05)]
     assert backend.losses == [pytest_approx(sum(expected) / 3)]
@@ -202,7 +202,7 @@ def _sgd_update(rule: ClippedSurrogate, edges: int, lr: float) -> tuple[dict[str
     sampler = LinearSampler(theta, old, torch.ones(edges))
     backend = LocalBackend([theta], torch.optim.SGD([theta], lr=lr), max_grad_norm=None)
     rollout = _tree_like(list(range(edges)), old)
-    metrics = rule.update(_ctx(rollout, sampler, backend, torch.ones(edges)))
+    metrics = rule.update(_ctx(rollout, sampler, backend, torch.ones(edges))).metrics
     return metrics, theta
 
 
@@ -241,8 +241,8 @@ def test_uneven_parent_aligned_steps_keep_parents_whole_and_count_as_configured(
     sampler = LinearSampler(theta, torch.zeros(13), torch.zeros(13))
     backend = StepRecorder(sampler)
     rule = ClippedSurrogate(optimizer_steps=3, minibatch_edges=2, inner_epochs=2)
-    metrics = rule.update(_ctx(_tree_like(parents), sampler, backend, torch.ones(13), seed=3))
-    assert backend.steps == 6 and metrics["train/optimizer_steps"] == 6  # 3 per pass, 2 passes
+    result = rule.update(_ctx(_tree_like(parents), sampler, backend, torch.ones(13), seed=3))
+    assert backend.steps == 6 and result.metrics["train/optimizer_steps"] == 6  # 3 per pass, 2 passes
     for epoch in (backend.step_edges[:3], backend.step_edges[3:]):
         assert sorted(e for step in epoch for e in step) == list(range(13))  # every edge once per pass
         step_parents = [{parents[e] for e in step} for step in epoch]
@@ -252,7 +252,7 @@ def test_uneven_parent_aligned_steps_keep_parents_whole_and_count_as_configured(
                 assert not ps & other
             assert all(all(parents[e] in ps for e in range(13) if parents[e] == p) for p in ps)
     # Each parent's children are evaluated in one call (one forward per parent), even with minibatch_edges=2.
-    assert metrics["perf/train_forwards"] == 14
+    assert result.train_forwards == 14 and result.trained_edges == 13 and result.reference_forwards == 0
 
 
 def test_units_per_step_counts_units_over_all_ranks():
@@ -262,7 +262,7 @@ def test_units_per_step_counts_units_over_all_ranks():
         sampler = LinearSampler(theta, torch.zeros(7), torch.zeros(7))
         backend = StepRecorder(sampler, world_size=world)
         rule = ClippedSurrogate(units_per_step=units_per_step)
-        metrics = rule.update(_ctx(_tree_like(parents), sampler, backend, torch.ones(7)))
+        metrics = rule.update(_ctx(_tree_like(parents), sampler, backend, torch.ones(7))).metrics
         assert metrics["train/optimizer_steps"] == expected, (world, units_per_step)
         assert max(len(s) for s in backend.step_edges) - min(len(s) for s in backend.step_edges) <= 1
 
@@ -287,7 +287,7 @@ def test_loss_normalisation_per_optimizer_step_matches_hand_computation():
         sampler = LinearSampler(theta, torch.zeros(6), torch.zeros(6))
         backend = StepRecorder(sampler)
         rule = ClippedSurrogate(optimizer_steps=2, shuffle=False, loss_normalisation=norm, minibatch_edges=1)
-        metrics = rule.update(_ctx(_tree_like(parents), sampler, backend, adv))
+        metrics = rule.update(_ctx(_tree_like(parents), sampler, backend, adv)).metrics
         assert backend.step_edges == [[0, 1, 2, 3], [4, 5]]
         # minibatch_edges=1 cannot split a parent: minibatches are parent 0, parent 1, parent 2.
         assert backend.step_losses[0] == [
@@ -312,7 +312,7 @@ def test_sample_units_keep_a_chains_edges_in_one_step_in_rollout_order():
     sampler = LinearSampler(theta, torch.zeros(e), torch.zeros(e))
     backend = StepRecorder(sampler)
     rule = ClippedSurrogate(accumulation_unit="sample", optimizer_steps=3, shuffle=False, minibatch_edges=4)
-    metrics = rule.update(_ctx(rollout, sampler, backend, torch.ones(e)))
+    metrics = rule.update(_ctx(rollout, sampler, backend, torch.ones(e))).metrics
     assert metrics["train/optimizer_steps"] == 3
     samples_per_step = [sorted({int(owner[x]) for x in step}) for step in backend.step_edges]
     assert samples_per_step == [[0, 1], [2, 3], [4, 5]]  # DanceGRPO/MixGRPO order: samples in rollout order

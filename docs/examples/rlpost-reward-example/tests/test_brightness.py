@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import rlpost_reward_example
 import torch
+from rlpost.testing import check_reward_source
 from rlpost_reward_example import Brightness
 
 
@@ -12,3 +13,8 @@ def test_brightness_scores_and_registers() -> None:
     registered: list[type] = []
     rlpost_reward_example.rlpost_register_reward_sources(registered.append)
     assert registered == [Brightness]
+
+
+def test_brightness_meets_the_reward_contract() -> None:
+    # rlpost's conformance kit: finite [S] float scores, independent of the batch, deterministic, inputs untouched.
+    check_reward_source(Brightness())

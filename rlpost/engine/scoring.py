@@ -1,0 +1,81 @@
+"""Scoring a rollout's samples with the recipe's reward sources, the step's ``reward`` phase.
+
+Every source scores every sample; with several sources they run concurrently, one worker thread each (torch, PIL and
+HTTP release the GIL), so a step waits for the slowest reward rather than the sum of all of them. A source that raises
+or returns something other than one finite real number per sample does not stop the step on its own: it becomes a
+guard event naming its plugin (:meth:`rlpost.engine.guards.Guards.plugin_failed`) and its scores are NaN, so the
+step's bookkeeping stays shaped and ``guards.on_nonfinite`` decides (skip the update, or checkpoint and stop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from rlpost.core.api import RewardSource
+from rlpost.core.contract import RewardScores, Rollout
+from rlpost.core.plugin_errors import PluginRuntimeError
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.guards import Guards
+
+__all__ = ["reward_problem", "score_rollout"]
+
+
+def score_rollout(
+    rewards: Sequence[RewardSource], weights: dict[str, float], rollout: Rollout, guards: Guards, host: PluginHost
+) -> RewardScores:
+    """Score ``rollout``'s samples with every source in ``rewards``.
+
+    Args:
+        rewards: The recipe's (set-up) reward sources.
+        weights: ``reward_weights`` per source name.
+        rollout: The rollout whose samples are scored.
+        guards: The step's guards; failures and non-finite scores are recorded there.
+        host: The plugin host, to name the plugin of a failing source.
+
+    Returns:
+        One ``[S]`` float tensor on the CPU per source (NaN where the source failed).
+    """
+    args = (rollout.images, rollout.sample_prompts, rollout.sample_metadata)
+
+    def run(reward: RewardSource) -> Any:
+        try:
+            return reward.score(*args)
+        except Exception as exc:  # noqa: BLE001 - a plugin's failure becomes a guard event naming it
+            return exc
+
+    if len(rewards) == 1:
+        results = [run(rewards[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=len(rewards), thread_name_prefix="rlpost-reward") as pool:
+            results = list(pool.map(run, rewards))
+    scores = {}
+    n = rollout.num_samples
+    for reward, raw in zip(rewards, results, strict=True):
+        problem = reward_problem(raw, n)
+        if problem is not None:
+            distribution, plugin = host.component_origin("reward", reward)
+            guards.plugin_failed(PluginRuntimeError(distribution, plugin, f"reward {reward.name!r}", problem))
+            scores[reward.name] = torch.full((n,), float("nan"))
+            continue
+        values = raw.float().cpu()
+        guards.finite_mask("reward", values, f"reward {reward.name!r}")
+        scores[reward.name] = values
+    return RewardScores(scores=scores, weights=weights)
+
+
+def reward_problem(raw: Any, n: int) -> str | None:
+    """Why a reward's return value (or the exception it raised) is not ``n`` scores, or ``None`` when it is."""
+    if isinstance(raw, BaseException):
+        text = str(raw).strip().splitlines()
+        return f"raised {type(raw).__name__}" + (f": {text[0][:300]}" if text else "")
+    if not isinstance(raw, torch.Tensor):
+        return f"returned {type(raw).__name__}, expected a torch.Tensor of shape ({n},)"
+    if raw.shape != (n,):
+        return f"returned shape {tuple(raw.shape)}, expected ({n},)"
+    if not (raw.is_floating_point() or raw.dtype in (torch.int32, torch.int64, torch.bool)):
+        return f"returned dtype {raw.dtype}, expected real numbers"
+    return None
