@@ -1,7 +1,7 @@
 """``check_policy``: a :class:`~rlpost.core.api.Policy` (model adapter) against its contract, after ``setup``.
 
 Samplers, update rules and the evaluator are written once against this interface, so each method must keep its
-promise (``rlpost/core/api.py``):
+promise (``rlpost/core/api/policy.py``):
 
 * ``sigmas(T)`` is ``[T + 1]`` fp32, from 1 down to 0, strictly decreasing;
 * ``initial_noise(n, generator)`` is ``[n, *latent_shape]`` fp32, drawn from the generator alone (same seed, same

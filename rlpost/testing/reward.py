@@ -1,5 +1,5 @@
-"""``check_reward_source``: a :class:`~rlpost.core.api.RewardSource` against its contract (``rlpost/core/api.py``,
-``docs/rewards.md``).
+"""``check_reward_source``: a :class:`~rlpost.core.api.RewardSource` against its contract
+(``rlpost/core/api/reward.py``, ``docs/rewards.md``).
 
 The runner calls ``setup(device)`` once, then ``score`` on every step's decoded images (also from a worker thread,
 next to the other rewards), so:

@@ -1,4 +1,4 @@
-"""``check_sampler``: a :class:`~rlpost.core.api.Sampler` against its contract (``rlpost/core/api.py``,
+"""``check_sampler``: a :class:`~rlpost.core.api.Sampler` against its contract (``rlpost/core/api/sampler.py``,
 ``docs/writing_plugins.md``, ``docs/design.md`` "Component interfaces"), on a real (tiny) policy.
 
 What the engine relies on, each rule one violation when broken:

@@ -1,4 +1,4 @@
-"""What ``rlpost bench`` reads from the components is declared in their interfaces (rlpost/core/api.py), and the bench
+"""What ``rlpost bench`` reads from the components is declared in their interfaces (rlpost/core/api/), and the bench
 package reads nothing else: no module over ~300 lines, no attribute probing, no method replaced on a live object."""
 
 from __future__ import annotations
