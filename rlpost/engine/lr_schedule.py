@@ -191,17 +191,15 @@ def begin_step(scheduler: object, step: int, max_steps: int) -> None:
         scheduler.begin_step(step, max_steps)
 
 
-def end_step(
-    scheduler: object, seconds: float, reduce: Callable[[dict[str, float]], dict[str, float]] | None = None
-) -> None:
+def end_step(scheduler: object, seconds: float, max_over_ranks: Callable[[float], float] | None = None) -> None:
     """Tell a :class:`RunLengthAware` scheduler how long the training step took (a no-op for others).
 
-    ``reduce`` combines per-rank metrics (the work split's ``reduce``, a collective under ``distributed``): every
-    rank is then told the slowest rank's seconds, so the learning rate stays the same on every rank.
+    ``max_over_ranks`` is the work split's (a collective under ``distributed``): every rank is then told the slowest
+    rank's seconds, so the learning rate stays the same on every rank.
     """
     if isinstance(scheduler, RunLengthAware):
-        if reduce is not None:
-            seconds = reduce({"lr_schedule/step_sec_max": seconds})["lr_schedule/step_sec_max"]
+        if max_over_ranks is not None:
+            seconds = max_over_ranks(seconds)
         scheduler.end_step(seconds)
 
 

@@ -237,7 +237,7 @@ class Runner:
         self.last_update = update
         metrics = self._metrics(view.rollout, view.scores, adv_metrics, update) | self.guards.metrics()
         metrics |= self.stream.metrics()
-        lr_schedule.end_step(self.backend.scheduler, metrics["perf/step_sec"], shard.reduce)
+        lr_schedule.end_step(self.backend.scheduler, metrics["perf/step_sec"], shard.max_over_ranks)
         self.ctx.step += 1
         self.ctx.history.append(metrics)
         if self.ema is not None:

@@ -260,6 +260,10 @@ class LocalSharding:
         """Nothing to reduce."""
         return update
 
+    def max_over_ranks(self, value: float) -> float:
+        """The value itself (one rank)."""
+        return value
+
     def barrier(self) -> None:
         """Nothing to wait for."""
 
@@ -329,6 +333,10 @@ class GroupSharding:
     def reduce(self, update: UpdateTotals) -> UpdateTotals:
         """Combine every rank's update (:func:`reduce_updates`)."""
         return reduce_updates(self._gather(update))
+
+    def max_over_ranks(self, value: float) -> float:
+        """The largest of every rank's ``value`` (a collective: every rank must call it)."""
+        return max(float(v) for v in self._gather(float(value)))
 
     def barrier(self) -> None:
         """Wait for every rank."""

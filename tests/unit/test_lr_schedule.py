@@ -186,3 +186,14 @@ def test_validate_reports_bad_arguments_before_anything_loads(tmp_path, host):
     assert "lr_scheduler.init_args.warmup: must be a fraction of the run in [0, 1), got 2.0" in text
     assert "lr_scheduler.init_args.budget_s: over: time needs" in text
     assert not (tmp_path / "run").exists()
+
+
+def test_every_rank_is_told_the_slowest_ranks_seconds():
+    # Under `distributed` the work split's max_over_ranks is a collective; two fake ranks took 2 s and 5 s.
+    from rlpost.engine.lr_schedule import end_step
+    from rlpost.engine.sharding import GroupSharding
+
+    _, scheduler = _scheduler(over="time", budget_s=10.0)
+    shard = GroupSharding(0, rank=0, world_size=2, gather=lambda value: [value, 5.0])
+    end_step(scheduler, 2.0, shard.max_over_ranks)
+    assert scheduler.elapsed_s == 5.0
