@@ -154,8 +154,8 @@ def wan_diffusers_sigmas(num_steps: int, scheduler_config: Mapping[str, Any], sh
     scheduler: Any = getattr(diffusers, name).from_config(cfg)
     scheduler.set_timesteps(num_steps, device="cpu")
     sigmas: Tensor = scheduler.sigmas.to(torch.float32).clone()
-    if name == _UNIPC and abs(float(sigmas[0]) - 1.0) <= 1e-6:
-        sigmas[0] = 1.0  # undo UniPC's log-alpha guard (see above)
+    if name == _UNIPC and abs(float(sigmas[0]) - 1.0) <= 1e-5:
+        sigmas[0] = 1.0  # undo UniPC's log-alpha guard (1 - 1e-6, stored in fp32 as 1 - 1.01e-6; see above)
     if sigmas.shape != (num_steps + 1,) or float(sigmas[0]) != 1.0 or float(sigmas[-1]) != 0.0:
         raise ValueError(f"{name} gives a grid that does not run from 1 to 0 in {num_steps} steps: {sigmas.tolist()}")
     if not bool((sigmas[1:] < sigmas[:-1]).all()):
