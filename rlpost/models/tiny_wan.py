@@ -19,14 +19,12 @@ save/load round trip), and the result is written with ``save_pretrained``, so ``
 loads it through the production ``WanPipeline.from_pretrained`` path. About 0.3 MB; building takes about 2 s on two
 CPU cores.
 
-Command line::
-
-    python -m rlpost.models.tiny_wan OUT_DIR [--seed 0]
+No command line of its own: ``rlpost/models/tiny.py``'s ``--family`` is the place for one (``wan``) once that module's
+split lands.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,7 +40,6 @@ __all__ = [
     "TINY_WAN_VAE",
     "build_tiny_wan",
     "ensure_tiny_wan",
-    "main",
 ]
 
 TINY_WAN_TRANSFORMER: Mapping[str, Any] = {
@@ -138,17 +135,3 @@ def ensure_tiny_wan(seed: int = 0, root: Path | None = None) -> Path:
     ``WanPolicy(pretrained="tiny-random")`` loads it through ``WanPipeline.from_pretrained``.
     """
     return _ensure_built("tiny-wan", build_tiny_wan, seed, root)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Command-line entry: build a tiny Wan2.1 pipeline into a directory."""
-    parser = argparse.ArgumentParser(description="Build a tiny random-weight Wan2.1 T2V pipeline (real architecture).")
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-layers", type=int, default=None)
-    args = parser.parse_args(argv)
-    print(build_tiny_wan(args.out_dir, seed=args.seed, num_layers=args.num_layers))
-
-
-if __name__ == "__main__":
-    main()
