@@ -49,7 +49,15 @@ from rlpost.core.registry import Registry
 from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, dpm_solver_pp2_step, make_kernel
 from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
-from rlpost.ops.schedules import TIME_GRIDS, clean_tail_steps, shifted_tail_sigmas, subsampled_indices, time_shift
+from rlpost.ops.schedules import (
+    TIME_GRIDS,
+    clean_tail_steps,
+    shifted_linspace_sigmas,
+    shifted_tail_sigmas,
+    subsampled_indices,
+    time_shift,
+    timesteps_from_sigmas,
+)
 
 if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/transformers
     from rlpost.models._common import (
@@ -60,12 +68,13 @@ if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/trans
         check_pipeline_dir,
         resolve_dtype,
     )
-    from rlpost.models.flux import FluxPolicy
+    from rlpost.models.flux import FluxPolicy, flux_mu, flux_sigmas, pack_latents, unpack_latents
     from rlpost.models.sd3 import SD3Policy
     from rlpost.models.tiny import (
         assemble_sd3_pipeline,
         build_clip_tokenizer,
         build_text_encoders,
+        ensure_tiny_model,
         sd3_tokenizers,
         t5_vocab,
     )
@@ -117,23 +126,30 @@ __all__ = [
     "constant_groups",
     "dpm_solver_pp2_step",
     "edge_sample_ids",
+    "ensure_tiny_model",
     "evaluate_edges",
+    "flux_mu",
+    "flux_sigmas",
     "frontier_velocity",
     "hookimpl",
     "last_steps_kernels",
     "last_steps_problems",
     "make_kernel",
     "mix_rewards",
+    "pack_latents",
     "random_step_subset",
     "resolve_dtype",
     "rollout_chains",
     "run_chains",
     "sd3_tokenizers",
     "shared_or_independent_noise",
+    "shifted_linspace_sigmas",
     "shifted_tail_sigmas",
     "subsampled_indices",
     "t5_vocab",
     "time_shift",
+    "timesteps_from_sigmas",
+    "unpack_latents",
 ]
 
 # Exported names whose modules load on first access (PEP 562), so ``import rlpost`` stays cheap.
@@ -149,6 +165,11 @@ _LAZY = {
     "resolve_dtype": "rlpost.models._common",
     "assemble_sd3_pipeline": "rlpost.models.tiny",
     "build_text_encoders": "rlpost.models.tiny",
+    "ensure_tiny_model": "rlpost.models.tiny",
+    "flux_mu": "rlpost.models.flux",
+    "flux_sigmas": "rlpost.models.flux",
+    "pack_latents": "rlpost.models.flux",
+    "unpack_latents": "rlpost.models.flux",
     "sd3_tokenizers": "rlpost.models.tiny",
     "t5_vocab": "rlpost.models.tiny",
 }
