@@ -51,6 +51,7 @@ from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
 from rlpost.ops.schedules import (
     TIME_GRIDS,
+    TimeGrid,
     clean_tail_steps,
     shifted_linspace_sigmas,
     shifted_tail_sigmas,
@@ -62,6 +63,7 @@ from rlpost.ops.schedules import (
 if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/transformers
     from rlpost.models._common import (
         DiffusersTransformerPolicy,
+        DTypeName,
         LoraSpec,
         PromptCache,
         cached_snapshot,
@@ -86,6 +88,7 @@ __all__ = [
     "Component",
     "Conditioning",
     "DPM_SOLVER",
+    "DTypeName",
     "DiffusersTransformerPolicy",
     "EdgeEval",
     "EulerODE",
@@ -112,6 +115,7 @@ __all__ = [
     "StepCounts",
     "StepKernel",
     "TIME_GRIDS",
+    "TimeGrid",
     "TrainBackend",
     "UpdateContext",
     "__version__",
@@ -155,6 +159,7 @@ __all__ = [
 # Exported names whose modules load on first access (PEP 562), so ``import rlpost`` stays cheap.
 _LAZY = {
     "DiffusersTransformerPolicy": "rlpost.models._common",
+    "DTypeName": "rlpost.models._common",
     "FluxPolicy": "rlpost.models.flux",
     "LoraSpec": "rlpost.models._common",
     "PromptCache": "rlpost.models._common",
