@@ -10,7 +10,7 @@ The vocabulary is learnt here with byte-pair encoding (Sennrich et al. 2016, arX
 contains the template's words, so each of them is one token as in Qwen2; any other text still tokenizes through the
 256 byte symbols. The merges are written as ``vocab.json`` / ``merges.txt`` and loaded by ``Qwen2Tokenizer``, whose
 pre-tokenizer (Qwen2's split regex, then the byte-level map) is used to cut the training text, so training and use
-split words identically. ``tests/plugins/qwenimage/test_tiny_qwenimage.py`` checks the 34-token prefix and that the
+split words identically. ``tests/plugins/qwenimage/test_tiny.py`` checks the 34-token prefix and that the
 chat template renders the pipeline's prompt template.
 """
 
