@@ -52,15 +52,24 @@ from rlpost.ops.dpm_solver import dpm_solver_pp2_step
 from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, make_kernel
 from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
-from rlpost.ops.schedules import TIME_GRIDS, clean_tail_steps, shifted_tail_sigmas, subsampled_indices, time_shift
+from rlpost.ops.schedules import (
+    TIME_GRIDS,
+    TimeGrid,
+    clean_tail_steps,
+    shifted_linspace_sigmas,
+    shifted_tail_sigmas,
+    subsampled_indices,
+    time_shift,
+    timesteps_from_sigmas,
+)
 
 if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/transformers
     from rlpost.models._common import DiffusersTransformerPolicy, PromptCache
-    from rlpost.models.adapter_settings import LoraSpec, resolve_dtype
-    from rlpost.models.flux import FluxPolicy
+    from rlpost.models.adapter_settings import DTypeName, LoraSpec, resolve_dtype
+    from rlpost.models.flux import FluxPolicy, flux_mu, flux_sigmas, pack_latents, unpack_latents
     from rlpost.models.pipeline_dir import cached_snapshot, check_pipeline_dir
     from rlpost.models.sd3 import SD3Policy
-    from rlpost.models.tiny import assemble_sd3_pipeline
+    from rlpost.models.tiny import assemble_sd3_pipeline, ensure_tiny_model
     from rlpost.models.tiny_text import build_clip_tokenizer, build_text_encoders, sd3_tokenizers, t5_vocab
 
 __all__ = [
@@ -70,6 +79,7 @@ __all__ = [
     "Component",
     "Conditioning",
     "DPM_SOLVER",
+    "DTypeName",
     "DiffusersTransformerPolicy",
     "EdgeEval",
     "EulerODE",
@@ -98,6 +108,7 @@ __all__ = [
     "StepCounts",
     "StepKernel",
     "TIME_GRIDS",
+    "TimeGrid",
     "TrainBackend",
     "UpdateContext",
     "UpdateResult",
@@ -113,28 +124,36 @@ __all__ = [
     "constant_groups",
     "dpm_solver_pp2_step",
     "edge_sample_ids",
+    "ensure_tiny_model",
     "evaluate_edges",
+    "flux_mu",
+    "flux_sigmas",
     "frontier_velocity",
     "hookimpl",
     "last_steps_kernels",
     "last_steps_problems",
     "make_kernel",
     "mix_rewards",
+    "pack_latents",
     "random_step_subset",
     "resolve_dtype",
     "rollout_chains",
     "run_chains",
     "sd3_tokenizers",
     "shared_or_independent_noise",
+    "shifted_linspace_sigmas",
     "shifted_tail_sigmas",
     "subsampled_indices",
     "t5_vocab",
     "time_shift",
+    "timesteps_from_sigmas",
+    "unpack_latents",
 ]
 
 # Exported names whose modules load on first access (PEP 562), so ``import rlpost`` stays cheap.
 _LAZY = {
     "DiffusersTransformerPolicy": "rlpost.models._common",
+    "DTypeName": "rlpost.models.adapter_settings",
     "FluxPolicy": "rlpost.models.flux",
     "LoraSpec": "rlpost.models.adapter_settings",
     "PromptCache": "rlpost.models._common",
@@ -145,6 +164,11 @@ _LAZY = {
     "resolve_dtype": "rlpost.models.adapter_settings",
     "assemble_sd3_pipeline": "rlpost.models.tiny",
     "build_text_encoders": "rlpost.models.tiny_text",
+    "ensure_tiny_model": "rlpost.models.tiny",
+    "flux_mu": "rlpost.models.flux",
+    "flux_sigmas": "rlpost.models.flux",
+    "pack_latents": "rlpost.models.flux",
+    "unpack_latents": "rlpost.models.flux",
     "sd3_tokenizers": "rlpost.models.tiny_text",
     "t5_vocab": "rlpost.models.tiny_text",
 }

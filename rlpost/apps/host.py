@@ -12,12 +12,12 @@ from types import ModuleType
 from rlpost.apps import reporting
 from rlpost.components import builtin, prompts
 from rlpost.core.plugins import PluginHost
-from rlpost.models import flux, sd3
+from rlpost.models import flux, sd3, wan
 
 __all__ = ["DEFAULT_PLUGINS", "build_host", "get_host", "reset_host"]
 
 # Core modules that implement hooks; registered first by every host built here, and never blocked.
-DEFAULT_PLUGINS: tuple[ModuleType, ...] = (builtin, prompts, sd3, flux, reporting)
+DEFAULT_PLUGINS: tuple[ModuleType, ...] = (builtin, prompts, sd3, flux, wan, reporting)
 
 
 def build_host(load_entrypoints: bool = True, extra_plugins: tuple[object, ...] = ()) -> PluginHost:

@@ -24,7 +24,7 @@ import importlib
 import importlib.resources
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "build_tiny_flux",
     "build_tiny_sd3",
     "ensure_tiny_flux",
+    "ensure_tiny_model",
     "main",
 ]
 
@@ -276,6 +277,17 @@ def _ensure_built(name: str, build: Any, seed: int, root: Path | None) -> Path:
             if not (target / "model_index.json").is_file():  # another process finished first otherwise
                 raise
     return target
+
+
+def ensure_tiny_model(name: str, build: Callable[..., Path], seed: int = 0, root: Path | None = None) -> Path:
+    """Build a tiny model into the cache once and return its directory, for model families outside rlpost (plugins).
+
+    ``build(out_dir, seed=seed)`` writes a ``save_pretrained`` pipeline directory; it runs in a temporary directory
+    next to the target, which is then renamed to ``<root>/<name>-seed<seed>`` (``root``: :func:`cache_root`), so an
+    interrupted build leaves nothing behind and concurrent processes never see a half-written model. A directory
+    that already holds ``model_index.json`` is returned as is.
+    """
+    return _ensure_built(name, build, seed, root)
 
 
 def ensure_tiny_sd3(seed: int = 0, root: Path | None = None) -> Path:

@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from rlpost.models.tiny import _ensure_built, t5_vocab
+from rlpost.models.tiny import ensure_tiny_model
+from rlpost.models.tiny_text import t5_vocab
 
 __all__ = [
     "TINY_WAN_SHIFT",
@@ -134,4 +135,4 @@ def ensure_tiny_wan(seed: int = 0, root: Path | None = None) -> Path:
 
     ``WanPolicy(pretrained="tiny-random")`` loads it through ``WanPipeline.from_pretrained``.
     """
-    return _ensure_built("tiny-wan", build_tiny_wan, seed, root)
+    return ensure_tiny_model("tiny-wan", build_tiny_wan, seed, root)

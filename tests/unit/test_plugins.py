@@ -18,7 +18,7 @@ from rlpost.core.plugins import PluginHost
 from rlpost.core.registry import ContestedComponentError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "plugins"
-FIRST_PARTY = {"rewards", "treegrpo", "dancegrpo", "mixgrpo", "ddpo", "digits"}
+FIRST_PARTY = {"rewards", "treegrpo", "dancegrpo", "mixgrpo", "ddpo", "digits", "qwenimage"}
 HOSTILE_MODULES = (
     "rlpost_plugin_ok",
     "rlpost_plugin_broken",

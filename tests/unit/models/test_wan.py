@@ -17,9 +17,9 @@ import torch
 from diffusers import WanPipeline
 
 import rlpost.models.wan as wan_module
+from rlpost.apps.host import build_host
 from rlpost.components.chain import ChainPlan, run_chains
 from rlpost.core.contract import PromptBatch
-from rlpost.core.plugins import PluginHost
 from rlpost.models import LoraSpec, ModelDirError
 from rlpost.models.wan import WanGeometry, WanPolicy, wan_diffusers_sigmas
 from rlpost.ops.kernels import DanceGRPOSDE, EulerODE, FlowGRPOSDE, StepKernel
@@ -448,5 +448,5 @@ def test_registers_through_hook() -> None:
     registered: list[type] = []
     wan_module.rlpost_register_models(registered.append)
     assert registered == [WanPolicy] and WanPolicy.name == "wan" and WanPolicy.kind == "model"
-    host = PluginHost(load_entrypoints=False, extra_plugins=(wan_module,))
+    host = build_host(load_entrypoints=False)  # a built-in model family (rlpost.apps.host.DEFAULT_PLUGINS)
     assert host.registry("model").get("wan").cls is WanPolicy
