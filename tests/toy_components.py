@@ -67,7 +67,7 @@ class ToyPolicy(Policy):
 
     def decode(self, latents: Tensor) -> Tensor:
         img = ((latents.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-        return img.repeat(1, 3, 1, 1).permute(0, 2, 3, 1).contiguous()
+        return img.repeat(1, 3, 1, 1).permute(0, 2, 3, 1).unsqueeze(1).contiguous()  # [B, 1, H, W, 3]: one frame
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         assert self.a is not None

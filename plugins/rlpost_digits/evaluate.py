@@ -52,7 +52,7 @@ def generate(policy: Any, prompts: list[str], nfe: int, seed: int) -> Tensor:
     for i in range(nfe):
         s, sn = sig[i].expand(b), sig[i + 1].expand(b)
         x = kernel.step(x, policy.velocity(x, s, cond), s, sn, None).next_latents
-    images: Tensor = policy.decode(x)
+    images: Tensor = policy.decode(x).flatten(0, 1)  # [N, 1, H, W, 3] one-frame media -> [N, H, W, 3] images
     return images
 
 

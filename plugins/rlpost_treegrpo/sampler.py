@@ -365,7 +365,7 @@ class TreeSampler(Sampler):
             x = x_next
             ids = builder.add_nodes(x, t + 1, groups)
             builder.add_edges(parents, ids, log_prob, trainable, kernel_index)
-        images = torch.cat([policy.decode(x[c : c + self.chunk_size]) for c in range(0, x.shape[0], self.chunk_size)])
+        media = torch.cat([policy.decode(x[c : c + self.chunk_size]) for c in range(0, x.shape[0], self.chunk_size)])
         stats = {
             "tree/window_start": float(start),
             "tree/leaves": float(x.shape[0]),
@@ -374,7 +374,7 @@ class TreeSampler(Sampler):
             "perf/rollout_forwards": float(forwards),
             "perf/rollout_calls": float(calls),
         }
-        return builder.build(ids, images, stats)
+        return builder.build(ids, media, stats)
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
         """Recompute the window edges' log-probs with one forward per parent (the shared :func:`evaluate_edges`).

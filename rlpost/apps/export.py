@@ -121,7 +121,9 @@ def _model_card(manifest: dict[str, Any], run_dir: Path, kind: str, license: str
     components = " + ".join(f"{k}={comps[k]}" for k in ("sampler", "advantage", "optimizer") if k in comps)
     # The plugin that registered the sampler names the algorithm (treegrpo, dancegrpo, mixgrpo, ddpo, a third party).
     algorithm = (manifest.get("origins") or {}).get("sampler")
-    tags = ["text-to-image", "diffusers", *(["lora"] if lora else []), "rlpost", "rl-post-training"]
+    # Older checkpoints carry no "media": they are all image models.
+    task = "text-to-video" if manifest.get("media") == "video" else "text-to-image"
+    tags = [task, "diffusers", *(["lora"] if lora else []), "rlpost", "rl-post-training"]
     for extra in (comps.get("model"), algorithm):
         tag = str(extra).lower() if extra else ""
         if _TAG.match(tag) and tag not in tags:
@@ -130,7 +132,7 @@ def _model_card(manifest: dict[str, Any], run_dir: Path, kind: str, license: str
     data = ModelCardData(
         base_model=base,
         base_model_relation=("adapter" if lora else "finetune") if base else None,
-        pipeline_tag="text-to-image",
+        pipeline_tag=task,
         library_name="diffusers",
         tags=tags,
         license=terms.get("license", "other"),
@@ -183,7 +185,8 @@ def export_run(run_dir: Path, out: Path, checkpoint: str = "latest", license: st
     """Copy a checkpoint's diffusers-loadable weights to ``out`` with a model card ``README.md``.
 
     The card is a :class:`huggingface_hub.ModelCard` (``ModelCard.load(out / "README.md")`` reads it back) whose
-    metadata carries ``base_model``, ``pipeline_tag: text-to-image``, ``library_name: diffusers``, tags and the
+    metadata carries ``base_model``, ``pipeline_tag`` (``text-to-image``, or ``text-to-video`` for a video model),
+    ``library_name: diffusers``, tags and the
     license: ``license`` when given, else the base model's own (read offline from its card), else ``other``; its
     text ends with the run's resolved recipe as a YAML code block.
 

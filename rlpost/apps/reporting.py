@@ -5,8 +5,10 @@ already wrote and adds ``report/`` to the run directory::
 
     report/reward_vs_step.png   training reward (metrics.jsonl) and every held-out reward and judge (eval.jsonl)
                                 against the step, one colour per evaluation set, judges dashed
-    report/before_after.png     held-out prompts' first-evaluation images next to their last-evaluation images, set
-                                by set, captioned with the prompt, the reward and the first judge's score
+    report/before_after.png     held-out prompts' first-evaluation samples next to their last-evaluation ones, set
+                                by set, captioned with the prompt, the reward and the first judge's score (a video
+                                sample as its frame strip)
+    report/before_after/*.gif   video runs: per shown prompt, the first-evaluation clip left of the last one
     report/summary.json         before/after per evaluation set and reward or judge, training reward first/last,
                                 and the reward-hacking alarm (``eval.alarm``, :mod:`rlpost.engine.evaluation.alarm`)
                                 when enabled
@@ -34,7 +36,7 @@ from PIL import Image
 from rlpost.core.context import RunContext
 from rlpost.core.hookspecs import hookimpl
 from rlpost.engine.evaluation import JUDGE, eval_columns, eval_sets, image_dir, metric_key
-from rlpost.ops.images import agg_pyplot, save_figure, save_grid
+from rlpost.ops.images import agg_pyplot, save_figure, save_gif, save_grid
 
 __all__ = [
     "REPORT_DIR",
@@ -211,12 +213,16 @@ def plot_rewards(run_dir: Path, out: Path, title: str | None = None) -> Path | N
     return out
 
 
-def _load_images(directory: Path, count: int) -> torch.Tensor | None:
+def _load_media(directory: Path, count: int, frames: int = 1) -> torch.Tensor | None:
+    """The saved samples ``0000.png`` ... as ``[count, frames, H, W, 3]`` media (a PNG holds its frames stacked top to
+    bottom, :func:`rlpost.ops.images.save_images`); ``None`` when one is missing."""
     paths = [directory / f"{i:04d}.png" for i in range(count)]
     if not all(p.is_file() for p in paths):
         return None
     arrays = [torch.from_numpy(np.asarray(Image.open(p).convert("RGB")).copy()) for p in paths]
-    return torch.stack(arrays)
+    stacked = torch.stack(arrays)
+    n, fh, w, c = stacked.shape
+    return stacked.reshape(n, frames, fh // frames, w, c)
 
 
 def _fmt(value: Any) -> str:
@@ -287,8 +293,9 @@ def _pairs(
     n = min(len(per_first), len(per_last))
     if n == 0:
         return None
-    before = _load_images(image_dir(run_dir, name, int(first["step"])), n)
-    after = _load_images(image_dir(run_dir, name, int(last["step"])), n)
+    frames = int(first.get("frames", 1))  # eval.jsonl records a video's frame count (absent: images)
+    before = _load_media(image_dir(run_dir, name, int(first["step"])), n, frames)
+    after = _load_media(image_dir(run_dir, name, int(last["step"])), n, frames)
     if before is None or after is None:
         return None
     reward = rewards[0] if rewards else None
@@ -311,6 +318,26 @@ def _pairs(
     return out
 
 
+def before_after_gifs(run_dir: Path, out_dir: Path, max_pairs: int = MAX_PAIRS) -> list[Path]:
+    """For a video run: one animated GIF per shown held-out prompt, its first-evaluation clip left of its
+    last-evaluation clip (``<out_dir>/<set>_<i>.gif``; the prompts of :func:`before_after_grid`). Empty for an image
+    run (its grid shows everything) or when the per-sample PNGs are missing."""
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    if len(evals) < 2 or int(evals[0].get("frames", 1)) == 1:
+        return []
+    first, last = evals[0], evals[-1]
+    sets = eval_sets(evals)
+    written: list[Path] = []
+    for name in sets:
+        panel = _pairs(run_dir, evals, name, first, last, max(1, max_pairs // len(sets)))
+        for j in range(0, len(panel or []) - 1, 2):
+            assert panel is not None
+            (before, _), (after, _) = panel[j], panel[j + 1]
+            side_by_side = torch.cat([before, after], dim=2)  # [F, H, 2W, 3]
+            written.append(save_gif(side_by_side, out_dir / f"{name or 'eval'}_{j // 2:03d}.gif"))
+    return written
+
+
 def write_report(run_dir: Path) -> dict[str, Any]:
     """Write ``report/`` (plot, before/after grid, summary) for a finished run directory.
 
@@ -327,6 +354,7 @@ def write_report(run_dir: Path) -> dict[str, Any]:
         )
         if p is not None
     ]
+    files += before_after_gifs(run_dir, report / "before_after")
     summary["files"] = [str(p.relative_to(run_dir)) for p in files]
     report.mkdir(parents=True, exist_ok=True)
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

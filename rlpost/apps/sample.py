@@ -32,7 +32,8 @@ def sample_run(
     batch_size: int = 4,
     device: str | None = None,
 ) -> list[Path]:
-    """Generate one PNG per prompt from a run's checkpoint (image ``i`` uses seed ``seed + i``).
+    """Generate one sample per prompt from a run's checkpoint (sample ``i`` uses seed ``seed + i``): a PNG each, and for
+    a video model an animated GIF beside it (:func:`rlpost.ops.images.save_images`).
 
     Raises:
         CheckpointError: No such checkpoint, or its weights do not fit the rebuilt policy.

@@ -17,6 +17,7 @@ import torch
 from rlpost.core.api import StepCounts
 from rlpost.engine.phases import PhaseTimer
 from rlpost.engine.recipe import Recipe
+from rlpost.ops.media import score_media
 
 __all__ = ["Calibration", "calibrate", "nominal_batches", "predict_seconds", "predicted_counts"]
 
@@ -92,9 +93,9 @@ def calibrate(recipe: Recipe, batch_sizes: Sequence[int], repeats: int) -> Calib
     for r in range(repeats + 1):
         timer.start_step()
         with timer.timed("decode_reward"):
-            images = policy.decode(latents)
-            for reward in recipe.rewards:
-                reward.score(images, rows, meta)
+            media = policy.decode(latents)
+            for reward in recipe.rewards:  # as the runner scores them (frame by frame for image rewards)
+                score_media(reward, media, rows, meta, recipe.reward_frames.reduction)
         if r:
             per_image.append(timer.current["decode_reward"] / n)
     return Calibration(list(batch_sizes), fwd, fb, statistics.median(per_image))

@@ -209,8 +209,8 @@ def run_chains(
                 builder.add_edges(node[rows], child[rows], log_prob[rows.to(log_prob.device)], flag, kernel_index)
         x, node = x_next, child
     decoded = x if last_x0 is None else last_x0
-    images = torch.cat([policy.decode(decoded[j : j + chunk_size]) for j in range(0, s, chunk_size)])
-    return builder.build(node, images, stats={"perf/rollout_forwards": float(forwards)})
+    media = torch.cat([policy.decode(decoded[j : j + chunk_size]) for j in range(0, s, chunk_size)])
+    return builder.build(node, media, stats={"perf/rollout_forwards": float(forwards)})
 
 
 def rollout_chains(

@@ -118,10 +118,11 @@ class Rollout:
         trainable: ``[E]`` bool, edges the optimizer rule may train (SDE edges in the window, a timestep subset ...).
         edge_kernel: ``[E]`` long, index into ``kernels`` naming the step kernel that produced the edge.
 
-    Samples (``S`` rows), the images that were decoded and scored (leaves of trees, ends of chains):
+    Samples (``S`` rows), the media that were decoded and scored (leaves of trees, ends of chains):
         sample_node: ``[S]`` long, the node whose state was decoded.
         sample_group: ``[S]`` long, the prompt group of each sample.
-        images: ``[S, H, W, 3]`` uint8.
+        media: ``[S, F, H, W, 3]`` uint8, ``F`` decoded frames per sample (``F = 1`` for an image model: images are
+            one-frame media, the same code path, not a branch). :meth:`frames` flattens them to ``[S·F, H, W, 3]``.
 
     Attributes:
         prompts: One prompt per group; ``metadata`` the matching metadata dicts.
@@ -146,7 +147,7 @@ class Rollout:
     kernels: list[str]
     sample_node: Tensor
     sample_group: Tensor
-    images: Tensor
+    media: Tensor
     group_offset: int = 0
     stash: Stash = field(default_factory=Stash)
     stats: dict[str, float] = field(default_factory=dict)
@@ -176,13 +177,23 @@ class Rollout:
         return len(self.prompts)
 
     @property
+    def num_frames(self) -> int:
+        """Frames ``F`` per decoded sample (1 for images)."""
+        return int(self.media.shape[1])
+
+    def frames(self) -> Tensor:
+        """Every decoded frame as an image batch, ``[S·F, H, W, 3]`` uint8 (sample-major: sample ``i``'s frames are
+        rows ``i·F`` to ``i·F + F - 1``); for ``F = 1`` exactly the ``S`` images."""
+        return self.media.flatten(0, 1)
+
+    @property
     def sample_prompts(self) -> list[str]:
-        """The prompt of each sample, aligned with ``images``."""
+        """The prompt of each sample, aligned with ``media``."""
         return [self.prompts[int(g)] for g in self.sample_group.tolist()]
 
     @property
     def sample_metadata(self) -> list[dict[str, Any]]:
-        """The metadata of each sample, aligned with ``images``."""
+        """The metadata of each sample, aligned with ``media``."""
         return [self.metadata[int(g)] for g in self.sample_group.tolist()]
 
     @property
@@ -224,7 +235,7 @@ class Rollout:
             ("trainable", self.trainable, e),
             ("edge_kernel", self.edge_kernel, e),
             ("sample_group", self.sample_group, s),
-            ("images", self.images, s),
+            ("media", self.media, s),
         ):
             if int(tensor.shape[0]) != size:
                 problems.append(f"{name} has {int(tensor.shape[0])} rows, expected {size}")
@@ -240,8 +251,10 @@ class Rollout:
             problems.append("metadata and prompts differ in length")
         if self.trainable.dtype != torch.bool:
             problems.append(f"trainable must be bool, got {self.trainable.dtype}")
-        if self.images.dtype != torch.uint8:
-            problems.append(f"images must be uint8, got {self.images.dtype}")
+        if self.media.dtype != torch.uint8:
+            problems.append(f"media must be uint8, got {self.media.dtype}")
+        if self.media.ndim != 5 or self.media.shape[-1] != 3:
+            problems.append(f"media must be [S, F, H, W, 3] (F = 1 for images), got {list(self.media.shape)}")
         if e and int(self.edge_kernel.max()) >= len(self.kernels):
             problems.append("edge_kernel index outside kernels")
         if problems:
@@ -255,7 +268,8 @@ class RewardScores:
     estimator.
 
     Attributes:
-        scores: Source name -> ``[S]`` float tensor aligned with ``Rollout.images``.
+        scores: Source name -> ``[S]`` float tensor aligned with ``Rollout.media`` (one score per sample, whatever
+            its frame count: :mod:`rlpost.ops.media` reduces an image reward's per-frame scores).
         weights: Source name -> weight given in the recipe (``reward_weights``), 1.0 by default.
     """
 

@@ -136,13 +136,13 @@ def rlpost_after_rollout(run: RunContext, rollout: Rollout) -> None:
     """Called after the sampler produced this step's rollout, before rewards are computed.
 
     :param run: The run context.
-    :param rollout: Nodes, edges, old log-probs and decoded images of this step.
+    :param rollout: Nodes, edges, old log-probs and decoded media (``[S, F, H, W, 3]``, ``F = 1`` for images).
     """
 
 
 @hookspec
 def rlpost_after_rewards(run: RunContext, rollout: Rollout, scores: RewardScores) -> None:
-    """Called after every reward source scored the rollout's images.
+    """Called after every reward source scored the rollout's samples.
 
     :param run: The run context.
     :param rollout: This step's rollout.

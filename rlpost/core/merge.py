@@ -55,7 +55,7 @@ def merge_rollouts(parts: Sequence[Rollout]) -> Rollout:
             "edge_kernel",
             "sample_node",
             "sample_group",
-            "images",
+            "media",
         )
     }
     for p in parts:
@@ -72,7 +72,7 @@ def merge_rollouts(parts: Sequence[Rollout]) -> Rollout:
         cat["edge_kernel"].append(p.edge_kernel)
         cat["sample_node"].append(p.sample_node + node_off)
         cat["sample_group"].append(p.sample_group + shift)
-        cat["images"].append(p.images)
+        cat["media"].append(p.media)
         node_off += p.num_nodes
     return Rollout(
         prompts=[x if x is not None else "" for x in prompts],

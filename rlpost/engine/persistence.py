@@ -184,6 +184,7 @@ def save_checkpoint(run: RunState, reason: str = "periodic") -> Path | None:
         "origins": {k: run.host.component_origin(k, getattr(r, k))[1] for k in ("sampler", "advantage")},
         "rewards": [reward.name for reward in r.rewards],
         "ema": run.ema is not None,
+        "media": r.model.media,  # "image" or "video": the exported card's pipeline_tag
     }
     path = write_checkpoint(
         run.rundir.path,

@@ -134,7 +134,7 @@ class Runner:
         if r.ema is not None:  # under ZeRO the EMA keeps only this rank's share of the weights
             self.ema = EMA(params, r.ema, self.backend.weight_shards())
         if r.eval is not None:
-            self.evaluator = Evaluator(r.eval, r.model, self.rundir.path)
+            self.evaluator = Evaluator(r.eval, r.model, self.rundir.path, r.reward_frames.reduction)
             self.evaluator.setup(self.device, already_set_up=r.rewards)
         if self.ctx.is_main_process:
             resumed = checkpoint.step if checkpoint is not None else None
@@ -202,7 +202,10 @@ class Runner:
     def score(self, rollout: Rollout) -> RewardScores:
         """Score the rollout's samples with every reward source (:func:`rlpost.engine.scoring.score_rollout`);
         failed or non-finite scores are recorded by the guards."""
-        return score_rollout(self.recipe.rewards, dict(self.recipe.reward_weights), rollout, self.guards, self.host)
+        r = self.recipe
+        return score_rollout(
+            r.rewards, dict(r.reward_weights), rollout, self.guards, self.host, r.reward_frames.reduction
+        )
 
     def step(self) -> dict[str, float]:
         """One training step; returns its metrics (identical on every rank). Each phase is timed in
@@ -309,7 +312,7 @@ class Runner:
             return
         total = scores.weighted_sum()
         captions = [f"{p} | r={float(v):.3g}" for p, v in zip(rollout.sample_prompts, total, strict=True)]
-        grid = save_grid(rollout.images, captions, self.rundir.path / "grids" / f"step_{self.ctx.step:06d}.png")
+        grid = save_grid(rollout.media, captions, self.rundir.path / "grids" / f"step_{self.ctx.step:06d}.png")
         if self.logger is not None:
             self.logger.log_image(self.ctx.step, "samples/grid", grid)
 

@@ -1,5 +1,9 @@
 """Scoring a rollout's samples with the recipe's reward sources, the step's ``reward`` phase.
 
+Samples are media (``Rollout.media``, ``[S, F, H, W, 3]``): an image reward scores each sample's frames and their
+scores are reduced to one per sample, a video reward scores whole clips (:mod:`rlpost.ops.media`); images are
+one-frame media and take the same path.
+
 Every source scores every sample; with several sources they run concurrently, one worker thread each (torch, PIL and
 HTTP release the GIL), so a step waits for the slowest reward rather than the sum of all of them. A source that raises
 or returns something other than one finite real number per sample does not stop the step on its own: it becomes a
@@ -20,12 +24,18 @@ from rlpost.core.contract import RewardScores, Rollout
 from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.guards import Guards
+from rlpost.ops.media import FrameReduction, expected_scores, reduce_frames, reward_inputs
 
 __all__ = ["reward_problem", "score_rollout"]
 
 
 def score_rollout(
-    rewards: Sequence[RewardSource], weights: dict[str, float], rollout: Rollout, guards: Guards, host: PluginHost
+    rewards: Sequence[RewardSource],
+    weights: dict[str, float],
+    rollout: Rollout,
+    guards: Guards,
+    host: PluginHost,
+    reduction: FrameReduction = "mean",
 ) -> RewardScores:
     """Score ``rollout``'s samples with every source in ``rewards``.
 
@@ -35,15 +45,16 @@ def score_rollout(
         rollout: The rollout whose samples are scored.
         guards: The step's guards; failures and non-finite scores are recorded there.
         host: The plugin host, to name the plugin of a failing source.
+        reduction: How an image reward's frame scores become a sample's (``reward_frames.reduction``).
 
     Returns:
         One ``[S]`` float tensor on the CPU per source (NaN where the source failed).
     """
-    args = (rollout.images, rollout.sample_prompts, rollout.sample_metadata)
+    prompts, metadata = rollout.sample_prompts, rollout.sample_metadata
 
     def run(reward: RewardSource) -> Any:
         try:
-            return reward.score(*args)
+            return reward.score(*reward_inputs(reward, rollout.media, prompts, metadata, reduction))
         except Exception as exc:  # noqa: BLE001 - a plugin's failure becomes a guard event naming it
             return exc
 
@@ -55,13 +66,13 @@ def score_rollout(
     scores = {}
     n = rollout.num_samples
     for reward, raw in zip(rewards, results, strict=True):
-        problem = reward_problem(raw, n)
+        problem = reward_problem(raw, expected_scores(reward, rollout.media, reduction))
         if problem is not None:
             distribution, plugin = host.component_origin("reward", reward)
             guards.plugin_failed(PluginRuntimeError(distribution, plugin, f"reward {reward.name!r}", problem))
             scores[reward.name] = torch.full((n,), float("nan"))
             continue
-        values = raw.float().cpu()
+        values = reduce_frames(raw.float().cpu(), reward, rollout.media, reduction)
         guards.finite_mask("reward", values, f"reward {reward.name!r}")
         scores[reward.name] = values
     return RewardScores(scores=scores, weights=weights)

@@ -95,7 +95,7 @@ def skeleton(rollout: Rollout) -> Rollout:
     return replace(
         rollout,
         states=torch.empty(rollout.num_nodes, 0),
-        images=torch.empty(rollout.num_samples, 0, 0, 3, dtype=torch.uint8),
+        media=torch.empty(rollout.num_samples, rollout.num_frames, 0, 0, 3, dtype=torch.uint8),
         sigmas=rollout.sigmas.detach().cpu(),
         node_step=rollout.node_step.cpu(),
         node_group=rollout.node_group.cpu(),

@@ -267,13 +267,14 @@ class DiffusersTransformerPolicy(Policy):
 
     @torch.no_grad()
     def decode(self, latents: Tensor) -> Tensor:
-        """VAE-decode clean latents (``x / scaling_factor + shift_factor``) to ``[B, H, W, 3]`` uint8 on the device."""
+        """VAE-decode clean latents (``x / scaling_factor + shift_factor``) to ``[B, 1, H, W, 3]`` uint8 on the device
+        (one-frame media)."""
         vae = self.pipe.vae
         x = latents.to(self.device, torch.float32) / vae.config.scaling_factor + vae.config.shift_factor
         img: Tensor = vae.decode(x.to(vae.dtype), return_dict=False)[0].float()
         # diffusers VaeImageProcessor.postprocess: [-1, 1] -> [0, 1], then numpy_to_pil's round(x*255).
         img = (img / 2 + 0.5).clamp(0, 1)
-        return (img * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+        return (img * 255).round().to(torch.uint8).permute(0, 2, 3, 1).unsqueeze(1).contiguous()
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """LoRA adapter parameters, or every transformer parameter under full fine-tuning; empty when frozen."""

@@ -1,4 +1,10 @@
-"""Sample grids: images with their prompt and reward as captions (PIL only)."""
+"""Sample grids and files: media with their prompt and reward as captions (PIL only).
+
+Samples are media, ``[F, H, W, 3]`` uint8 frames each (``F = 1`` for images, :mod:`rlpost.ops.media`). In a grid a
+sample is its frame strip (:func:`frame_strip`: up to :data:`STRIP_FRAMES` evenly spaced frames side by side; an
+image is itself); on disk it is one lossless PNG of its frames stacked top to bottom (an image is itself, exactly as
+before) and, for video, an animated GIF beside it for viewing.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,13 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 
-__all__ = ["agg_pyplot", "save_figure", "save_grid", "save_images"]
+from rlpost.ops.media import as_media
+
+__all__ = ["STRIP_FRAMES", "agg_pyplot", "frame_strip", "save_figure", "save_gif", "save_grid", "save_images"]
+
+STRIP_FRAMES = 4
+"""Frames a video sample shows in a grid tile (first, last and evenly spaced between)."""
+GIF_FPS = 8
 
 _MIN_CELL = 128  # tiny test images (32 px) are upscaled so captions stay readable
 _CAPTION_LINES = 3
@@ -48,16 +60,29 @@ def _wrap(text: str, width: int) -> list[str]:
     return lines
 
 
+def frame_strip(clip: Tensor, max_frames: int = STRIP_FRAMES) -> Tensor:
+    """``[F, H, W, 3]`` frames as one ``[H, k·W, 3]`` strip of ``k = min(F, max_frames)`` evenly spaced frames (the
+    first and the last among them); one frame is returned as it is."""
+    f = int(clip.shape[0])
+    if f == 1:
+        return clip[0]
+    k = min(f, max_frames)
+    picks = torch.linspace(0, f - 1, k).round().long()
+    return torch.cat(list(clip[picks]), dim=1)
+
+
 def save_grid(images: Tensor, captions: Sequence[str], path: Path, ncols: int | None = None) -> Path:
-    """Write ``[B, H, W, 3]`` uint8 ``images`` as one captioned PNG grid.
+    """Write ``[B, F, H, W, 3]`` uint8 media (or ``[B, H, W, 3]`` images) as one captioned PNG grid, a video sample as
+    its :func:`frame_strip`.
 
     Args:
-        images: The images (any device).
-        captions: One caption per image (e.g. ``"a red cube | r=0.71"``); long ones are wrapped and cut.
+        images: The media or images (any device).
+        captions: One caption per sample (e.g. ``"a red cube | r=0.71"``); long ones are wrapped and cut.
         path: Output PNG path (parents are created).
         ncols: Columns; default ``ceil(sqrt(B))``.
     """
-    imgs = images.detach().to("cpu", torch.uint8)
+    media = as_media(images.detach().to("cpu", torch.uint8))
+    imgs = torch.stack([frame_strip(clip) for clip in media]) if media.shape[0] else media[:, 0]
     n = int(imgs.shape[0])
     if n == 0:
         raise ValueError("save_grid: no images")
@@ -83,14 +108,31 @@ def save_grid(images: Tensor, captions: Sequence[str], path: Path, ncols: int | 
 
 
 def save_images(images: Tensor, directory: Path, prefix: str = "") -> list[Path]:
-    """Write each ``[H, W, 3]`` uint8 image as ``<prefix><index:04d>.png`` (lossless, for exact comparisons)."""
+    """Write each sample of ``[B, F, H, W, 3]`` uint8 media (or ``[B, H, W, 3]`` images) as
+    ``<prefix><index:04d>.png``: lossless, for exact comparisons, its ``F`` frames stacked top to bottom
+    (``[F·H, W, 3]``; an image is itself). A video sample also gets ``<prefix><index:04d>.gif`` (:func:`save_gif`).
+
+    Returns:
+        The PNG paths.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for i, img in enumerate(images.detach().to("cpu", torch.uint8)):
+    for i, clip in enumerate(as_media(images.detach().to("cpu", torch.uint8))):
         p = directory / f"{prefix}{i:04d}.png"
-        Image.fromarray(img.numpy()).save(p)
+        Image.fromarray(clip.reshape(-1, *clip.shape[2:]).numpy()).save(p)
+        if clip.shape[0] > 1:
+            save_gif(clip, p.with_suffix(".gif"))
         paths.append(p)
     return paths
+
+
+def save_gif(frames: Tensor, path: Path, fps: int = GIF_FPS) -> Path:
+    """Write ``[F, H, W, 3]`` uint8 frames as an animated GIF that loops (for viewing: GIF has 256 colours per frame,
+    the PNGs are the exact pixels)."""
+    pictures = [Image.fromarray(f.numpy()) for f in frames.detach().to("cpu", torch.uint8)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pictures[0].save(path, save_all=True, append_images=pictures[1:], duration=max(1, round(1000 / fps)), loop=0)
+    return path
 
 
 def agg_pyplot(skipping: str) -> Any | None:

@@ -61,8 +61,9 @@ class RolloutBuilder:
             )
         )
 
-    def build(self, sample_nodes: Tensor, images: Tensor, stats: dict[str, float] | None = None) -> Rollout:
-        """Assemble the rollout; ``sample_nodes`` are the decoded nodes, ``images`` their ``[S, H, W, 3]`` uint8."""
+    def build(self, sample_nodes: Tensor, media: Tensor, stats: dict[str, float] | None = None) -> Rollout:
+        """Assemble the rollout; ``sample_nodes`` are the decoded nodes, ``media`` their ``[S, F, H, W, 3]`` uint8
+        (:meth:`Policy.decode`'s output)."""
         states = torch.cat(self._states)
         node_group = torch.cat(self._groups)
         cols = [torch.cat(c) if c else torch.zeros(0) for c in zip(*self._edges, strict=True)] if self._edges else []
@@ -85,7 +86,7 @@ class RolloutBuilder:
             kernels=self.kernels,
             sample_node=sample_nodes,
             sample_group=node_group[sample_nodes],
-            images=images.detach().cpu(),
+            media=media.detach().cpu(),
             group_offset=self.batch.group_offset,
             stats=dict(stats or {}),
         )

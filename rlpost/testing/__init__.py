@@ -17,7 +17,15 @@ rest.
 from __future__ import annotations
 
 from rlpost.testing.estimator import check_advantage_estimator
-from rlpost.testing.inputs import PROMPTS, prompt_batch, sample_images, sample_rollout, sample_scores, tiny_policy
+from rlpost.testing.inputs import (
+    PROMPTS,
+    prompt_batch,
+    sample_images,
+    sample_media,
+    sample_rollout,
+    sample_scores,
+    tiny_policy,
+)
 from rlpost.testing.policy import check_policy
 from rlpost.testing.prompts import check_prompt_source
 from rlpost.testing.reward import check_reward_source
@@ -36,6 +44,7 @@ __all__ = [
     "check_update_rule",
     "prompt_batch",
     "sample_images",
+    "sample_media",
     "sample_rollout",
     "sample_scores",
     "signed_advantages",

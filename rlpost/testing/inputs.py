@@ -22,6 +22,7 @@ __all__ = [
     "SCORE_SOURCE",
     "prompt_batch",
     "sample_images",
+    "sample_media",
     "sample_rollout",
     "sample_scores",
     "tiny_policy",
@@ -102,6 +103,13 @@ def sample_images(n: int = 4, size: int = 32, seed: int = 0) -> Tensor:
     noise = torch.randint(0, 80, (n, size, size, 3), generator=g).float()
     shift = torch.arange(n).float().view(n, 1, 1, 1) * 17
     return ((base[None] + noise + shift) % 256).to(torch.uint8)
+
+
+def sample_media(n: int = 4, frames: int = 3, size: int = 32, seed: int = 0) -> Tensor:
+    """``[n, frames, size, size, 3]`` uint8 clips: :func:`sample_images` frames, each clip's frames differing (a
+    moving shift), so a video scorer that ignores frames or mixes up clips shows."""
+    clips = [sample_images(n, size, seed + f) for f in range(frames)]
+    return torch.stack(clips, dim=1)
 
 
 def sample_rollout(

@@ -10,7 +10,8 @@ promise (``rlpost/core/api/policy.py``):
 * ``velocity`` keeps the latents' shape, is fp32 and finite, adds exactly ``B`` to ``forward_count`` (the cost
   models count rows this way), does not depend on the batch (one row alone equals it in a batch, within fp32
   rounding), and carries gradients to the trainable parameters;
-* ``decode`` gives ``[B, H, W, 3]`` uint8 images; ``trainable_parameters`` is a non-empty list of parameters that
+* ``decode`` gives ``[B, F, H, W, 3]`` uint8 media with ``F = frames`` (1 for an image model), and ``media`` is
+  ``"image"`` or ``"video"``; ``trainable_parameters`` is a non-empty list of parameters that
   require gradients; ``clean_tail_steps`` is ``None`` or an integer ``>= 0``; ``train`` toggles without error.
 """
 
@@ -68,12 +69,18 @@ def check_policy(
     check.ran("train(True)", policy.train, True)
     check.ran("train(False)", policy.train, False)
     if noise is not None:
-        images = check.call("decode()", policy.decode, noise)
-        if isinstance(images, Tensor):
+        media = check.call("decode()", policy.decode, noise)
+        frames = policy.frames
+        if isinstance(media, Tensor):
             check.expect(
-                images.dtype == torch.uint8 and images.ndim == 4 and images.shape[0] == batch and images.shape[-1] == 3,
-                f"decode() must give [{batch}, H, W, 3] uint8, got {images.dtype} {list(images.shape)}",
+                media.dtype == torch.uint8
+                and media.ndim == 5
+                and media.shape[:2] == (batch, frames)
+                and media.shape[-1] == 3,
+                f"decode() must give [{batch}, {frames}, H, W, 3] uint8 (frames = {frames}), "
+                f"got {media.dtype} {list(media.shape)}",
             )
+    check.expect(policy.media in ("image", "video"), f"media must be 'image' or 'video', got {policy.media!r}")
     check.done()
 
 

@@ -4,8 +4,10 @@
 The runner calls ``setup(device)`` once, then ``score`` on every step's decoded images (also from a worker thread,
 next to the other rewards), so:
 
+* ``media_scope`` is ``"frames"``, ``"image"`` or ``"video"`` (:mod:`rlpost.ops.media`);
 * ``setup`` runs once without error (weights load there, never in the constructor);
-* ``score`` of ``[S, H, W, 3]`` uint8 images returns a ``[S]`` floating-point tensor of finite scores;
+* ``score`` of ``[S, H, W, 3]`` uint8 images (``[S, F, H, W, 3]`` clips for a ``"video"`` reward) returns a ``[S]``
+  floating-point tensor of finite scores;
 * scores do not depend on the batch: one call of ``S`` images equals ``S`` calls of one image (within ``tol``), so
   the number of samples per step or rank never changes a sample's reward;
 * the same inputs give the same scores (one process, ``docs/design.md`` "Determinism");
@@ -20,7 +22,7 @@ import torch
 from torch import Tensor
 
 from rlpost.core.api import RewardSource
-from rlpost.testing.inputs import PROMPTS, sample_images
+from rlpost.testing.inputs import PROMPTS, sample_images, sample_media
 from rlpost.testing.violations import Checker, same_state, snapshot
 
 __all__ = ["check_reward_source"]
@@ -40,7 +42,9 @@ def check_reward_source(
 
     Args:
         reward: The reward under check, freshly constructed (``setup`` is called here, once).
-        images: ``[S, H, W, 3]`` uint8 images to score; default :func:`rlpost.testing.sample_images` (4 of 32 px).
+        images: ``[S, H, W, 3]`` uint8 images to score (``[S, F, H, W, 3]`` clips for a ``"video"`` reward); default
+            :func:`rlpost.testing.sample_images` (4 of 32 px) or :func:`rlpost.testing.sample_media` (4 clips of 3
+            frames).
         prompts: One prompt per image; default :data:`rlpost.testing.PROMPTS`, cycled.
         metadata: One metadata dict per image (what the prompt source gave its group); default empty dicts.
         device: Device handed to ``setup``.
@@ -54,7 +58,12 @@ def check_reward_source(
         ConformanceError: Listing every broken rule.
     """
     check = Checker("reward source", reward)
-    images = sample_images() if images is None else images
+    scope = getattr(reward, "media_scope", None)
+    check.expect(
+        scope in ("frames", "image", "video"), f"media_scope must be 'frames', 'image' or 'video', got {scope!r}"
+    )
+    if images is None:
+        images = sample_media(frames=3) if scope == "video" else sample_images()
     n = int(images.shape[0])
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)] if prompts is None else list(prompts)
     metadata = [{} for _ in range(n)] if metadata is None else list(metadata)

@@ -79,7 +79,7 @@ def check_sampler(
         if again is not None:
             same = all(
                 same_state(getattr(rollout, f), getattr(again, f))
-                for f in ("images", "states", "old_log_probs", "trainable", "edge_parent", "edge_child", "sample_node")
+                for f in ("media", "states", "old_log_probs", "trainable", "edge_parent", "edge_child", "sample_node")
             )
             check.expect(same, "the same begin_step and rollout generator seeds gave a different rollout")
     _check_groups(check, sampler, policy, groups, samples_per_group, seed, rtol, atol, pixel_tol)
@@ -137,8 +137,8 @@ def _check_rollout(
     check.expect(rollout.prompts == batch.prompts, "Rollout.prompts differ from the batch's prompts")
     check.expect(rollout.metadata == batch.metadata, "Rollout.metadata differ from the batch's metadata")
     check.expect(rollout.group_offset == batch.group_offset, "Rollout.group_offset differs from the batch's")
-    images = rollout.images
-    check.expect(images.ndim == 4 and images.shape[-1] == 3, f"images must be [S, H, W, 3], got {list(images.shape)}")
+    media = rollout.media
+    check.expect(media.ndim == 5 and media.shape[-1] == 3, f"media must be [S, F, H, W, 3], got {list(media.shape)}")
     check.expect(rollout.states.dtype == torch.float32, f"states must be fp32, got {rollout.states.dtype}")
     check.expect(
         rollout.old_log_probs.dtype == torch.float64,
@@ -267,8 +267,8 @@ def _check_groups(
         "rollout_groups() gives other samples per group than one rollout() per group",
     ):
         return
-    diff = int((together.images.int() - alone.images.int()).abs().max()) if together.images.numel() else 0
-    check.expect(diff <= pixel_tol, f"rollout_groups() images differ from per-group rollouts by {diff} levels")
+    diff = int((together.media.int() - alone.media.int()).abs().max()) if together.media.numel() else 0
+    check.expect(diff <= pixel_tol, f"rollout_groups() media differ from per-group rollouts by {diff} levels")
     for group in range(groups):
         a, b = (_group_log_probs(r, group) for r in (together, alone))
         if not check.expect(

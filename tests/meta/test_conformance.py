@@ -122,6 +122,22 @@ def _model(name: str, fixture: str) -> Case:
     return Case("model", name, lambda cls, env: check_policy(env.fixture(fixture)))
 
 
+def _tiny_model(name: str, **settings: Any) -> Case:
+    """The registered class itself on its ``tiny-random`` build (real architecture, random weights, loaded through
+    ``from_pretrained``), with a rank-4 LoRA, set up on CPU in fp32."""
+
+    def run(cls: type, env: Env) -> Any:
+        import torch
+
+        from rlpost import LoraSpec
+
+        policy = cls("tiny-random", dtype="float32", max_sequence_length=32, lora=LoraSpec(rank=4, alpha=8), **settings)
+        policy.setup(torch.device("cpu"))
+        return check_policy(policy)
+
+    return Case("model", name, run)
+
+
 def _prompts(name: str, init: Callable[[Path], dict[str, Any]]) -> Case:
     return Case("prompts", name, lambda cls, env: check_prompt_source(cls(**init(env.fixture("prompt_files")))))
 
@@ -159,6 +175,8 @@ CASES: tuple[Case, ...] = (
     _reward("remote", lambda env: {"url": env.fixture("reward_server"), "expect_reward": "jpeg-compressibility"}),
     _model("sd3", "rlpost_tiny_policy"),
     _model("flux", "rlpost_tiny_flux_policy"),
+    _tiny_model("wan", height=32, width=48, num_frames=9),  # 9 frames: the check covers decode's frame axis
+    _tiny_model("qwen-image", resolution=32),
     _prompts("prompt-list", lambda tmp: {"prompts": ["a red cube", "two cats"], "metadata": [{"k": 1}, {}]}),
     _prompts("prompt-file", lambda tmp: {"path": str(tmp / "prompts.txt")}),
     _prompts("hf-dataset", lambda tmp: {"path": "json", "data_files": str(tmp / "prompts.jsonl")}),

@@ -110,7 +110,7 @@ def _ode_images(policy: SD3Policy, noise: Tensor, prompts: list[str]) -> Tensor:
     for i in range(T):
         s, sn = sig[i].expand(n), sig[i + 1].expand(n)
         x = EulerODE().step(x, policy.velocity(x, s, cond), s, sn, None).next_latents
-    return policy.decode(x)
+    return policy.decode(x).flatten(0, 1)  # one-frame media -> images
 
 
 def excess(policy: SD3Policy, images: Tensor, noise: Tensor, prompts: list[str]) -> float:
@@ -126,7 +126,7 @@ def sampler_excess(sampler: Sampler, policy: SD3Policy, prompts: list[str], seed
     roots = (rollout.node_step == 0).nonzero().flatten()
     root_prompts = [prompts[int(g)] for g in rollout.node_group[roots]]
     # Every root leads to the same number of images (1 per chain, k^d per tree), so a plain mean over roots matches.
-    return excess(policy, rollout.images, rollout.states[roots], root_prompts)
+    return excess(policy, rollout.frames(), rollout.states[roots], root_prompts)
 
 
 @torch.no_grad()
@@ -143,7 +143,7 @@ def reference_excess(policy: SD3Policy, prompts: list[str], step: StepFn, decode
             x = x - sig[i] * v  # upstream samples this step too, but decodes x̂0: the sampled state is discarded
             break
         x = step(x, v, s, sn, torch.randn(x.shape, generator=gen))
-    return excess(policy, policy.decode(x), noise, rows)
+    return excess(policy, policy.decode(x).flatten(0, 1), noise, rows)
 
 
 def dance_step(x: Tensor, v: Tensor, s: Tensor, sn: Tensor, z: Tensor) -> Tensor:

@@ -101,7 +101,7 @@ def test_advantages_with_groups_and_trees_split_across_two_ranks(tmp_path, tiny_
 
     def scores(r: Any) -> RewardScores:
         return RewardScores(
-            {reward.name: reward.score(r.images, r.sample_prompts, r.sample_metadata)}, {reward.name: 1.0}
+            {reward.name: reward.score(r.frames(), r.sample_prompts, r.sample_metadata)}, {reward.name: 1.0}
         )
 
     # Case 1: groups 0 and 1 on ranks 0 and 1.  Case 2: group 0's two trees on ranks 0 and 1.

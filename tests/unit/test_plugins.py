@@ -334,7 +334,7 @@ def test_the_core_host_registers_the_builtins_it_is_given():
     builtins = [info.name for info in host.plugins(include_builtin=True) if info.builtin]
     assert builtins == sorted(
         ["rlpost.components.builtin", "rlpost.components.prompts", "rlpost.models.sd3", "rlpost.models.flux"]
-        + ["rlpost.apps.reporting"]
+        + ["rlpost.models.wan", "rlpost.apps.reporting"]
     )
     assert "group-zscore" in host.registry("advantage")
 

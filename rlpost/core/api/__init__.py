@@ -19,7 +19,7 @@ from rlpost.core.api.advantage import AdvantageEstimator, Advantages
 from rlpost.core.api.component import Component
 from rlpost.core.api.policy import Conditioning, Policy
 from rlpost.core.api.prompts import PromptSource
-from rlpost.core.api.reward import RewardSource
+from rlpost.core.api.reward import MediaScope, RewardSource
 from rlpost.core.api.sampler import EdgeEval, Sampler, StepCounts
 from rlpost.core.api.update import PolicyOptimizer, TrainBackend, UpdateContext, UpdateResult, update_result_problems
 
@@ -29,6 +29,7 @@ __all__ = [
     "Component",
     "Conditioning",
     "EdgeEval",
+    "MediaScope",
     "Policy",
     "PolicyOptimizer",
     "PromptSource",

@@ -42,6 +42,8 @@ class Policy(Component):
     """
 
     kind: ClassVar[str] = "model"
+    media: ClassVar[str] = "image"
+    """What the model generates: ``"image"`` or ``"video"`` (reports, model cards' ``pipeline_tag``)."""
 
     forward_count: int = 0
     """Denoiser evaluations so far, in batch rows before CFG doubling, summed over :meth:`velocity` calls.
@@ -88,7 +90,14 @@ class Policy(Component):
 
     @abstractmethod
     def decode(self, latents: Tensor) -> Tensor:
-        """Decode clean latents to ``[B, H, W, 3]`` uint8 images."""
+        """Decode clean latents to ``[B, F, H, W, 3]`` uint8 media: :attr:`frames` frames per sample (``F = 1`` for an
+        image model), the layout of ``Rollout.media``."""
+
+    @property
+    def frames(self) -> int:
+        """Frames ``F`` that :meth:`decode` gives per sample: 1 for an image model (the default). Known from the
+        settings alone, before :meth:`setup`, so ``rlpost validate`` can check rewards against it."""
+        return 1
 
     @abstractmethod
     def trainable_parameters(self) -> list[nn.Parameter]:

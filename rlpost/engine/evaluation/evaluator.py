@@ -37,11 +37,12 @@ from rlpost.engine.evaluation.records import append_record, eval_record
 from rlpost.engine.evaluation.sampler import ode_sample
 from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.phases import PhaseTimer
+from rlpost.ops.media import FrameReduction, stack_frames
 
 __all__ = ["Evaluator", "run"]
 
 SetResult = tuple[Tensor, dict[str, list[float]]]
-"""One set's images and per-image scores by column."""
+"""One set's ``[N, F, H, W, 3]`` media and per-sample scores by column."""
 
 
 class Evaluator:
@@ -51,10 +52,15 @@ class Evaluator:
         spec: The ``eval`` section.
         policy: The policy (the caller swaps EMA weights in when enabled: :func:`run`'s ``weights``).
         output_dir: The run directory.
+        frame_reduction: How image rewards and judges score a video's frames (the recipe's
+            ``reward_frames.reduction``, as in training; :mod:`rlpost.ops.media`).
     """
 
-    def __init__(self, spec: EvalSpec, policy: Policy, output_dir: Path) -> None:
+    def __init__(
+        self, spec: EvalSpec, policy: Policy, output_dir: Path, frame_reduction: FrameReduction = "mean"
+    ) -> None:
         self.spec = spec
+        self.frame_reduction: FrameReduction = frame_reduction
         self.policy = policy
         self.output_dir = output_dir
         self.items: dict[str, PromptItems] = {}
@@ -104,10 +110,12 @@ class Evaluator:
             prompts = [p for p, _ in items]
             meta = [dict(m) for _, m in items]
             seeds = [s.seed + i for i in range(len(prompts))]
-            images = ode_sample(self.policy, prompts, seeds, s.num_steps, s.batch_size)
-            scores, set_metrics = score_set(self.spec, name, images, prompts, meta, self.policy.device)
+            media = ode_sample(self.policy, prompts, seeds, s.num_steps, s.batch_size)
+            scores, set_metrics = score_set(
+                self.spec, name, media, prompts, meta, self.policy.device, self.frame_reduction
+            )
             metrics |= set_metrics
-            results[name] = (images, scores)
+            results[name] = (media, scores)
         alarm = self._observe_alarm(step, results)
         if alarm is not None:
             metrics |= RewardHackingAlarm.metrics(alarm)
@@ -124,7 +132,8 @@ class Evaluator:
         for _, scores in results.values():
             for column, values in scores.items():
                 pooled.setdefault(column.removeprefix(f"{JUDGE}/"), []).extend(values)
-        images = torch.cat([images for images, _ in results.values()])
+        # A video sample is its frames stacked top to bottom (one-frame media: the images themselves).
+        images = torch.cat([stack_frames(media) for media, _ in results.values()])
         groups = [(name, p) for name, items in self.items.items() for p, _ in items]
         return self.alarm.observe(step, pooled, images, groups)
 
@@ -137,7 +146,8 @@ class Evaluator:
             directory = image_dir(self.output_dir, name, step)
             save_set_images(images, prompts[name], scores, directory, self.spec.settings.save_images)
         scores_by_set = {name: scores for name, (_, scores) in results.items()}
-        append_record(self.output_dir, eval_record(step, self.spec, prompts, scores_by_set, metrics, alarm))
+        record = eval_record(step, self.spec, prompts, scores_by_set, metrics, alarm, frames=self.policy.frames)
+        append_record(self.output_dir, record)
 
 
 def run(

@@ -1,7 +1,8 @@
 """The evaluation's images: a captioned grid per set and evaluation (``eval/[<set>/]step_N.png``), the per-image PNGs
 (``eval.save_images``) and the grids handed to the trackers.
 
-Per-image PNGs hold the exact uint8 images, which is what ``rlpost.apps.alarm_replay`` reads back.
+Per-image PNGs hold the exact uint8 pixels (a video sample's frames stacked top to bottom, the layout the alarm's
+image statistics read), which is what ``rlpost.apps.alarm_replay`` reads back.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ GRID_MAX_IMAGES = 64
 def save_set_images(
     images: Tensor, prompts: list[str], scores: dict[str, list[float]], directory: Path, per_image: bool
 ) -> None:
-    """One set's captioned grid ``<directory>.png`` (prompt and every score per image) and, with ``per_image``, its
-    PNGs ``<directory>/NNNN.png``."""
+    """One set's captioned grid ``<directory>.png`` (prompt and every score per sample; a video sample as its frame
+    strip) and, with ``per_image``, its PNGs ``<directory>/NNNN.png`` (a video's frames stacked, plus ``NNNN.gif``:
+    :func:`rlpost.ops.images.save_images`) from ``[N, F, H, W, 3]`` media."""
     # A benchmark-sized set (thousands of prompts) would make a grid of gigapixels: show a spread subset.
     n = len(prompts)
     g = GRID_MAX_IMAGES

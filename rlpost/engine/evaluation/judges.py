@@ -16,6 +16,7 @@ from torch import Tensor
 from rlpost.core.api import RewardSource
 from rlpost.engine.evaluation.config import ComponentChecks, EvalSpec
 from rlpost.engine.evaluation.keys import JUDGE, metric_key
+from rlpost.ops.media import FrameReduction, score_media
 
 __all__ = ["score_set", "validate_judges", "validate_rewards"]
 
@@ -103,20 +104,23 @@ def _resolve_each(
 def score_set(
     spec: EvalSpec,
     set_name: str,
-    images: Tensor,
+    media: Tensor,
     prompts: Sequence[str],
     metadata: list[dict[str, Any]],
     device: torch.device,
+    frame_reduction: FrameReduction = "mean",
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """Score one set's images with every evaluation reward and judge.
+    """Score one set's ``[N, F, H, W, 3]`` media with every evaluation reward and judge, one score per sample (an
+    image scorer's per-frame scores reduced by ``frame_reduction``: :func:`rlpost.ops.media.score_media`).
 
     Returns:
-        Per-image scores by column (``<reward>``, ``judge/<judge>``) and their means by metric key.
+        Per-sample scores by column (``<reward>``, ``judge/<judge>``) and their means by metric key.
     """
     scorers = [(r, r.name) for r in spec.rewards] + [(j, f"{JUDGE}/{j.name}") for j in spec.judges]
     scores: dict[str, list[float]] = {}
+    on_device = media.to(device)
     for scorer, column in scorers:
-        values = scorer.score(images.to(device), list(prompts), metadata).float().cpu()
+        values = score_media(scorer, on_device, list(prompts), metadata, frame_reduction).cpu()
         scores[column] = [float(v) for v in values]
     metrics = {metric_key(set_name, r.name): _mean(scores[r.name]) for r in spec.rewards}
     for judge in spec.judges:

@@ -45,9 +45,11 @@ def eval_record(
     scores: dict[str, SetScores],
     metrics: dict[str, float],
     alarm: dict[str, Any] | None = None,
+    frames: int = 1,
 ) -> dict[str, Any]:
     """The ``eval.jsonl`` record of one evaluation (``prompts`` and ``scores`` by set name, in recipe order; prompt
-    ``i`` of every set used seed ``eval.seed + i``)."""
+    ``i`` of every set used seed ``eval.seed + i``). ``frames``: frames per sample, recorded for video (absent: 1),
+    so readers of the saved PNGs (frames stacked top to bottom) can split them."""
     seed = spec.settings.seed
     per_prompt: list[dict[str, Any]] = []
     for name, set_prompts in prompts.items():
@@ -59,6 +61,7 @@ def eval_record(
     return {
         "step": step,
         "num_steps": spec.settings.num_steps,
+        **({"frames": frames} if frames > 1 else {}),
         **({"sets": list(prompts)} if any(prompts) else {}),
         **({"judges": [j.name for j in spec.judges]} if spec.judges else {}),
         **{k: v for k, v in metrics.items() if k.startswith("eval/")},

@@ -21,7 +21,8 @@ __all__ = ["ode_sample"]
 
 @torch.no_grad()
 def ode_sample(policy: Policy, prompts: Sequence[str], seeds: Sequence[int], num_steps: int, batch_size: int) -> Tensor:
-    """Deterministic Euler-ODE samples, one per ``(prompt, seed)``, as ``[N, H, W, 3]`` uint8 on the CPU.
+    """Deterministic Euler-ODE samples, one per ``(prompt, seed)``, as ``[N, F, H, W, 3]`` uint8 media on the CPU
+    (:meth:`Policy.decode`'s frames; ``F = 1`` for an image model).
 
     Each image's initial noise comes from its own CPU generator seeded with its seed, so results do not depend on
     ``batch_size`` or on the device (diffusers' ``generator=torch.Generator().manual_seed(seed)`` convention).

@@ -18,6 +18,7 @@ from rlpost.engine.evaluation.config import ComponentChecks, EvalSettings, EvalS
 from rlpost.engine.evaluation.judges import validate_judges, validate_rewards
 from rlpost.engine.evaluation.keys import set_field
 from rlpost.engine.evaluation.prompt_sets import validate_sets
+from rlpost.ops.media import media_problems
 
 __all__ = ["COMPONENTS", "component_problems", "validate_alarm", "validate_eval"]
 
@@ -101,6 +102,11 @@ def component_problems(spec: EvalSpec, recipe: Any) -> list[str]:
         problems.extend(_refield(p, "prompts", set_field(name)) for p in source.validate(recipe))
     for i, judge in enumerate(spec.judges):
         problems.extend(_refield(p, "rewards", f"eval.judges[{i}]") for p in judge.validate(recipe))
+    # Evaluation rewards not trained on (the trained ones are checked under ``rewards``) and judges must score what
+    # the model generates.
+    extra = [(f"eval.rewards[{i}]", r) for i, r in enumerate(spec.rewards) if not any(r is t for t in recipe.rewards)]
+    judges = [(f"eval.judges[{i}]", j) for i, j in enumerate(spec.judges)]
+    problems.extend(media_problems(recipe.model, extra + judges))
     return problems
 
 

@@ -9,6 +9,7 @@ A recipe has these top-level keys (one :class:`Section` each)::
     sampler:         a Sampler         (e.g. class_path: tree)
     rewards:         a list of RewardSource
     reward_weights:  {reward name: weight}, default 1.0 each
+    reward_frames:   {reduction: mean|min|first}, a video's per-frame image-reward scores (rlpost.ops.media)
     advantage:       an AdvantageEstimator
     optimizer:       a PolicyOptimizer (the policy-update rule, e.g. class_path: clipped-surrogate)
     torch_optimizer: a torch optimizer factory (class_path: torch.optim.AdamW, init_args: {lr: ...})
@@ -47,6 +48,7 @@ from rlpost.engine.ema import EMAConfig
 from rlpost.engine.evaluation.config import EvalSettings, EvalSpec
 from rlpost.engine.guards import GuardConfig
 from rlpost.engine.logging_ import LoggingConfig
+from rlpost.ops.media import FrameScoring
 
 __all__ = [
     "COMPONENT_KEYS",
@@ -224,6 +226,7 @@ SECTIONS: tuple[Section, ...] = (
         help="held-out evaluation (optional section): eval.prompts or eval.sets, rewards, judges and settings",
     ),
     Section("reward_weights", "mapping", dict[str, float], help="weight per reward name"),
+    Section("reward_frames", "config", FrameScoring, help="how image rewards score a video's frames (mean|min|first)"),
 )
 SECTION = {s.name: s for s in SECTIONS}
 # The components of the ``eval`` section (rlpost.engine.evaluation.section.COMPONENTS; its other keys are the alarm
@@ -287,6 +290,7 @@ class Recipe:
         eval: Held-out evaluation, or ``None``.
         ema: EMA of the trainable weights, or ``None``.
         distributed: DeepSpeed ZeRO across ranks, or ``None`` (one process, plain torch backend).
+        reward_frames: How an image reward's per-frame scores become one per video sample (:mod:`rlpost.ops.media`).
     """
 
     run: RunConfig
@@ -306,6 +310,7 @@ class Recipe:
     eval: EvalSpec | None = None
     ema: EMAConfig | None = None
     distributed: DistributedConfig | None = None
+    reward_frames: FrameScoring = field(default_factory=FrameScoring)
 
     def counts(self) -> StepCounts:
         """Closed-form per-step counts from the sampler for this recipe's batch shape."""

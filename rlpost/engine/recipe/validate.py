@@ -22,6 +22,7 @@ from rlpost.engine.lr_schedule import is_run_length_lr
 from rlpost.engine.recipe.names import resolve_component
 from rlpost.engine.recipe.schema import SECTION, SECTIONS, OptimizerFactory, Recipe, RecipeError, Section
 from rlpost.engine.recipe.typecheck import check_with_parser, with_defaults
+from rlpost.ops.media import media_problems
 
 __all__ = ["validate"]
 
@@ -215,6 +216,7 @@ def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
     for component in components:
         for problem in component.validate(recipe):
             problems.append(problem)
+    problems.extend(media_problems(recipe.model, [(f"rewards[{i}]", r) for i, r in enumerate(recipe.rewards)]))
     if recipe.eval is not None:  # evaluation components report under their own fields
         problems.extend(component_problems(recipe.eval, recipe))
     return problems

@@ -56,7 +56,7 @@ def test_rollout_counts_ratio_and_shared_noise(make_sd3_policy) -> None:
     sde = DanceGRPOSampler(num_steps=3, timestep_fraction=1.0, final_step="sde", init_same_noise=False)
     sde_rollout = check_rollout_contract(sde, policy, groups=1, per_group=2, seed=3)
     # The sampled last step is not decoded: the image is upstream's x̂0, not the sampled final state.
-    assert not torch.equal(sde_rollout.images, policy.decode(sde_rollout.states[sde_rollout.sample_node]))
+    assert not torch.equal(sde_rollout.media, policy.decode(sde_rollout.states[sde_rollout.sample_node]))
 
 
 def test_two_iterations_end_to_end(tiny_sd3_dir, tmp_path) -> None:

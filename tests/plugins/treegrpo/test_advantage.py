@@ -44,7 +44,7 @@ def make_rollout(
         kernels=["flow-sde", "ode"],
         sample_node=torch.tensor(samples),
         sample_group=torch.tensor(node_group)[torch.tensor(samples)],
-        images=torch.zeros(s, 2, 2, 3, dtype=torch.uint8),
+        media=torch.zeros(s, 1, 2, 2, 3, dtype=torch.uint8),
     )
 
 

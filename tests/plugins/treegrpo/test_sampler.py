@@ -86,7 +86,7 @@ def test_counts_match_closed_form(
     assert int((branching == k).sum()) == c.train_forwards and int((branching > k).sum()) == 0
     # Leaves of one prompt group are contiguous and the group sizes are trees·k^d.
     assert torch.equal(torch.bincount(rollout.sample_group), torch.full((g,), trees * k**depth))
-    assert rollout.images.shape == (c.images, 32, 32, 3)
+    assert rollout.media.shape == (c.images, 1, 32, 32, 3)
     # One shared initial noise per tree: exactly g·trees root nodes.
     assert int((rollout.node_step == 0).sum()) == g * trees
 
@@ -131,7 +131,7 @@ def test_rollout_is_reproducible_and_backup_runs(policies: dict[float, Any]) -> 
     assert torch.equal(a.states, b.states) and a.stats["tree/window_start"] == b.stats["tree/window_start"]
     from rlpost.core.contract import RewardScores
 
-    rewards = a.images.float().mean(dim=(1, 2, 3))
+    rewards = a.media.float().mean(dim=(1, 2, 3, 4))
     adv = TreeBackupAdvantage().estimate(a, RewardScores({"r": rewards}, {"r": 1.0}))
     assert adv.edges.shape == (a.num_edges,) and torch.isfinite(adv.edges).all()
     assert adv.metrics["adv/backup_ess"] == pytest.approx(2.0, abs=1e-2)  # mean reduction: near-uniform weights
@@ -191,7 +191,7 @@ def test_groups_batched_in_one_forward_equal_groups_sampled_alone(policies: dict
     assert together.group_offset == alone.group_offset == 8
     assert together.sample_group.tolist() == alone.sample_group.tolist()
     assert_fp32_close(together.states[together.sample_node], alone.states[alone.sample_node])
-    assert_pixels_close(together.images, alone.images)
+    assert_pixels_close(together.media, alone.media)
     lp_t, x_t = _canonical(together)
     lp_a, x_a = _canonical(alone)
     assert_fp32_close(lp_t, lp_a)

@@ -31,7 +31,7 @@ def chain_rollout(num_groups: int, per_group: int, num_steps: int, trainable: to
             if rows.numel():
                 builder.add_edges(node[rows], child[rows], torch.zeros(rows.numel()), flag, 0 if flag else 1)
         node = child
-    return builder.build(node, torch.zeros(s, 4, 4, 3, dtype=torch.uint8))
+    return builder.build(node, torch.zeros(s, 1, 4, 4, 3, dtype=torch.uint8))
 
 
 class WeightProbe:
@@ -112,7 +112,7 @@ def check_rollout_contract(sampler: Sampler, policy: Any, groups: int, per_group
         rollout = sampler.rollout(policy, batch, torch.Generator().manual_seed(seed))
     assert policy.forward_count - start == counts.rollout_forwards
     assert rollout.stats["perf/rollout_forwards"] == counts.rollout_forwards
-    assert rollout.num_samples == counts.images == rollout.images.shape[0]
+    assert rollout.num_samples == counts.images == rollout.media.shape[0]
     assert int(rollout.trainable.sum()) == counts.trainable_edges
     assert not rollout.is_branching()
     s = groups * per_group

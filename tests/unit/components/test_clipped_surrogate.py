@@ -72,7 +72,7 @@ def _rollout(old: torch.Tensor) -> Rollout:
         kernels=["flow-sde"],
         sample_node=torch.arange(1, e + 1),
         sample_group=torch.zeros(e, dtype=torch.long),
-        images=torch.zeros(e, 1, 1, 3, dtype=torch.uint8),
+        media=torch.zeros(e, 1, 1, 1, 3, dtype=torch.uint8),
     )
 
 

@@ -86,7 +86,7 @@ def test_tree_rollouts_are_rejected() -> None:
     root = builder.add_nodes(torch.zeros(1, 1), 0, torch.zeros(1))
     kids = builder.add_nodes(torch.zeros(2, 1), 1, torch.zeros(2))
     builder.add_edges(root.repeat(2), kids, torch.zeros(2), True, 0)
-    rollout = builder.build(kids, torch.zeros(2, 2, 2, 3, dtype=torch.uint8))
+    rollout = builder.build(kids, torch.zeros(2, 1, 2, 2, 3, dtype=torch.uint8))
     with pytest.raises(ValueError, match="tree"):
         node_sample_ids(rollout)
 

@@ -76,7 +76,8 @@ def test_ode_sampling_reproduces_pipeline(make_flux_policy: Callable[..., FluxPo
     assert (ours - ref).abs().max() <= 1e-5
     assert (ours - x0).abs().max() > 0.1  # the comparison is not vacuous
     img = policy.decode(ours)
-    assert img.shape == (2, 32, 32, 3) and img.dtype == torch.uint8
+    assert img.shape == (2, 1, 32, 32, 3) and img.dtype == torch.uint8  # one-frame media
+    img = img[:, 0]
     ref_img = _pipe_latents(pipe, x0, PROMPTS, NFE, output_type="pt")  # [B, 3, H, W] in [0, 1]
     assert_pixels_close(img, (ref_img * 255).round().to(torch.uint8).permute(0, 2, 3, 1))
     # The same prompt embeddings (our cache) and the same seed (the pipeline draws its own noise): the same images.

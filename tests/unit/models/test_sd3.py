@@ -63,7 +63,8 @@ def test_ode_sampling_reproduces_pipeline(
     ref = pipe(PROMPTS, latents=x0.clone(), output_type="latent", **kw).images
     assert (ours - ref).abs().max() <= 1e-5
     img = policy.decode(ours)
-    assert img.shape == (2, 32, 32, 3) and img.dtype == torch.uint8
+    assert img.shape == (2, 1, 32, 32, 3) and img.dtype == torch.uint8  # one-frame media
+    img = img[:, 0]
     ref_img = pipe(PROMPTS, latents=x0.clone(), output_type="pt", **kw).images  # [B, 3, H, W] in [0, 1]
     ref_u8 = (ref_img * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
     assert (img.int() - ref_u8.int()).abs().max() <= 1

@@ -21,7 +21,8 @@ from rlpost.apps.host import build_host
 from rlpost.components.chain import ChainPlan, run_chains
 from rlpost.core.contract import PromptBatch
 from rlpost.models import LoraSpec, ModelDirError
-from rlpost.models.wan import WanGeometry, WanPolicy, wan_diffusers_sigmas
+from rlpost.models.wan import WanPolicy
+from rlpost.models.wan_geometry import WanGeometry, wan_diffusers_sigmas
 from rlpost.ops.kernels import DanceGRPOSDE, EulerODE, FlowGRPOSDE, StepKernel
 from rlpost.ops.sampling import evaluate_edges
 from rlpost.ops.schedules import shifted_linspace_sigmas, time_shift
@@ -301,7 +302,7 @@ def test_chain_rollout_and_evaluate_edges_on_video_latents(make_wan_policy: Call
     with torch.no_grad():
         rollout = run_chains(policy, batch, torch.Generator().manual_seed(1), plan, noise, chunk_size=3)
     assert rollout.states.shape == (16, *LATENT)
-    assert rollout.images.shape == (4, WAN_FRAMES, WAN_HEIGHT, WAN_WIDTH, 3)
+    assert rollout.media.shape == (4, WAN_FRAMES, WAN_HEIGHT, WAN_WIDTH, 3)
     edges = rollout.trainable.nonzero().flatten()
     assert edges.numel() == 8
     ev = evaluate_edges(policy, rollout, edges, [sde, EulerODE()], "mean")

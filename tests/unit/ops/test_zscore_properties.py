@@ -115,7 +115,7 @@ def forest(
         kernels=["flow-sde", "ode"],
         sample_node=new_id[torch.tensor(samples)[sample_perm]],
         sample_group=torch.tensor(groups)[torch.tensor(samples)[sample_perm]],
-        images=torch.zeros(s, 2, 2, 3, dtype=torch.uint8),
+        media=torch.zeros(s, 1, 2, 2, 3, dtype=torch.uint8),
     )
     return Forest(rollout, sample_perm, edge_perm)
 
