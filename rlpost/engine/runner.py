@@ -36,6 +36,7 @@ from rlpost.engine.guards import Guards
 from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.persistence import RunState
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
+from rlpost.engine.ratio_guard import RatioCheck, check_speedups
 from rlpost.engine.recipe import Recipe, state_breaking_changes
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.scoring import score_rollout
@@ -47,6 +48,7 @@ from rlpost.engine.sharding import (
     UpdateTotals,
     stream_generator,
 )
+from rlpost.models.acceleration import apply_acceleration
 from rlpost.ops.images import save_grid
 
 __all__ = ["Runner"]
@@ -91,15 +93,19 @@ class Runner:
         self._state: RunState | None = None  # the parts checkpoints save and restore, built once by setup()
         self.phases = PhaseTimer()
         """Wall time of each step phase and of evaluations (:mod:`rlpost.engine.phases`)."""
+        self.ratio_check: RatioCheck | None = None
+        """What the ratio guard measured at set-up (:mod:`rlpost.engine.ratio_guard`); ``None`` without speed-ups."""
 
     # ------------------------------------------------------------------------------------------------ set-up
 
     def setup(self) -> None:
         """Create (or reopen, when resuming) the run directory, load weights, build the torch optimizer, the prompt
-        stream, EMA, evaluator and trackers; then restore the checkpoint when resuming.
+        stream, EMA, evaluator and trackers; then restore the checkpoint when resuming. With ``run.accelerate`` on,
+        the speed-ups are applied after the model loads and the ratio guard runs last.
 
         Raises:
             CheckpointError: The resume cannot be honoured (checked before any weights load).
+            SpeedupRatioError: The speed-ups change the importance ratio beyond ``run.accelerate.ratio_tolerance``.
         """
         r = self.recipe
         checkpoint = self._check_resume() if self.resume is not None else None
@@ -114,6 +120,7 @@ class Runner:
         random.seed(self.seed)
         np.random.seed(self.seed % 2**32)
         r.model.setup(self.device)
+        apply_acceleration(r.model, r.run.accelerate)
         for reward in r.rewards:
             reward.setup(self.device)
         params = r.model.trainable_parameters()
@@ -155,6 +162,7 @@ class Runner:
         )
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
+        self.ratio_check = check_speedups(r, stream, self.seed, self.ctx.step, self.shard.max_over_ranks)
 
     def _start_world(self) -> None:
         """Join the process group; this rank's device, rank and the group-aware work split follow from it."""
@@ -327,6 +335,7 @@ class Runner:
         for phase in STEP_PHASES:  # a skipped phase (no update after a guard trip) took no time
             metrics[f"perf/{phase}_sec"] = self.phases.current.get(phase, 0.0)
         metrics["perf/step_sec"] = self.phases.step_elapsed()
+        metrics.update(self.ratio_check.metrics() if self.ratio_check is not None else {})
         if torch.cuda.is_available():
             metrics["perf/peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
         # ru_maxrss is KiB on Linux, bytes on macOS.
