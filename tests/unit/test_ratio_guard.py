@@ -213,3 +213,18 @@ def test_the_guard_leaves_the_run_as_it_found_it(monkeypatch: pytest.MonkeyPatch
     assert a == b and a["cached_prompts"] == 0
     rewards = [r.step()["reward/toy-brightness"] for r in (guarded, unguarded)]
     assert abs(rewards[0] - rewards[1]) <= FP32_ATOL
+
+
+def test_counted_rows_still_equal_the_closed_form(tmp_path: Path) -> None:
+    """The guard's forwards happen at set-up; each step's counted transformer rows (``forward_count``, what the bench
+    reads) still equal the sampler's closed-form counts with a speed-up on."""
+    runner = _runner(tmp_path, TINY_TREE, [("run.accelerate.autocast", "bfloat16")])
+    runner.setup()
+    r = runner.recipe
+    for _ in range(2):
+        before = r.model.forward_count
+        runner.step()
+        counts = r.sampler.step_counts(r.run.groups_per_step, r.run.samples_per_group)
+        assert runner.last_update is not None
+        assert runner.last_update.result.train_forwards == counts.train_forwards
+        assert r.model.forward_count - before == counts.rollout_forwards + counts.train_forwards
