@@ -13,7 +13,8 @@ the class defaults). The scheduler is the released ``UniPCMultistepScheduler`` c
 iteration's time.
 
 Sources: ``Wan-AI/Wan2.1-T2V-1.3B-Diffusers`` ``transformer/config.json``, ``vae/config.json`` and
-``scheduler/scheduler_config.json`` (the values restated below; the transformer's also match the Wan team's
+``scheduler/scheduler_config.json`` (the values restated below and, for the scheduler, in
+:data:`rlpost.models.tiny_wan.WAN21_UNIPC_SCHEDULER`; the transformer's also match the Wan team's
 ``wan/configs/wan_t2v_1_3B.py``: dim 1536, ffn_dim 8960, freq_dim 256, 12 heads, 30 layers).
 """
 
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from rlpost.models.tiny_text import t5_vocab
+from rlpost.models.tiny_wan import WAN21_UNIPC_SCHEDULER, assemble_wan_pipeline
 
 WAN21_T2V_1_3B_TRANSFORMER: dict[str, Any] = {
     # Wan-AI/Wan2.1-T2V-1.3B-Diffusers, transformer/config.json
@@ -54,16 +56,6 @@ WAN21_VAE: dict[str, Any] = {
     "attn_scales": [],
     "temperal_downsample": [False, True, True],
     "dropout": 0.0,
-}
-WAN21_SCHEDULER: dict[str, Any] = {
-    # Wan-AI/Wan2.1-T2V-1.3B-Diffusers, scheduler/scheduler_config.json (its fields that are not UniPC's defaults)
-    "num_train_timesteps": 1000,
-    "flow_shift": 3.0,
-    "prediction_type": "flow_prediction",
-    "use_flow_sigmas": True,
-    "final_sigmas_type": "zero",
-    "solver_order": 2,
-    "solver_type": "bh2",
 }
 UMT5_XXL_WIDTH: dict[str, Any] = {
     # google/umt5-xxl's encoder widths (what the transformer's text_dim 4096 reads), one layer instead of 24
@@ -111,15 +103,9 @@ def build_random_wan21(
                 vocab_size=len(tokenizer), decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **umt5
             )
         )
-    for module in (transformer, vae, text_encoder):
-        module.eval()
-    pipe = diffusers.WanPipeline(
-        tokenizer=tokenizer,
-        text_encoder=text_encoder,
-        vae=vae,
-        scheduler=diffusers.UniPCMultistepScheduler(**WAN21_SCHEDULER),
-        transformer=transformer,
-    )
+    scheduler_config = {k: v for k, v in WAN21_UNIPC_SCHEDULER.items() if k != "_class_name"}
+    scheduler = diffusers.UniPCMultistepScheduler(num_train_timesteps=1000, **scheduler_config)
+    pipe = assemble_wan_pipeline(transformer, vae, text_encoder, tokenizer, scheduler)
     out_dir.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out_dir))
     return out_dir
