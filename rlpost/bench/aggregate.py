@@ -161,5 +161,22 @@ def aggregate(result: dict[str, Any]) -> dict[str, Any]:
             "predicted_s_per_iter": {k: mean([r["predicted_s_per_iter"].get(k) for r in runs]) for k in pred_keys},
             "peak_mem_gb": max((r["peak_mem_gb"] for r in runs if r.get("peak_mem_gb") is not None), default=None),
             "paper_s_per_iter": paper_value(result, "s_per_iter", name),
+            "speedups": list(first.get("speedups") or []),
+            "ratio_guard": _guard_summary(runs),
         }
     return out
+
+
+def _guard_summary(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ratio guard over an algorithm's seeds (the largest error, each seed's, the tolerance); ``None`` when it did
+    not run (no speed-up on, or a ``bench.json`` from before the guard)."""
+    checks = [r["ratio_guard"] for r in runs if r.get("ratio_guard")]
+    if not checks:
+        return None
+    return {
+        "max_error": max(float(c["max_error"]) for c in checks),
+        "per_seed": [float(c["max_error"]) for c in checks],
+        "edges": [int(c["edges"]) for c in checks],
+        "tolerance": float(checks[0]["tolerance"]),
+        "seconds_mean": mean([c["seconds"] for c in checks]),
+    }

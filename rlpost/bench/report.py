@@ -150,6 +150,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{fmt(ph.get('advantage'), '.3f')} | {fmt(ph.get('update'), '.2f')} | {fmt(a['overhead_s'], '.2f')} | "
             f"{fmt(100 * a['overhead_fraction'] if a['overhead_fraction'] is not None else None, '.1f')} % |"
         )
+    lines += _speedup_lines(algos)
     mem = [a["peak_mem_gb"] for a in algos.values() if a["peak_mem_gb"] is not None]
     lines += [""]
     if mem:
@@ -163,6 +164,36 @@ def markdown(result: dict[str, Any]) -> str:
             "interleaved runs** (one process holds every model), so it is not a per-algorithm number."
         )
     return "\n".join(lines) + "\n"
+
+
+def _speedup_lines(algos: dict[str, Any]) -> list[str]:
+    """The speed-ups of each algorithm (``run.accelerate``) and the ratio guard's measurement before training; nothing
+    when no algorithm turned one on."""
+    if not any(a.get("speedups") for a in algos.values()):
+        return []
+    lines = [
+        "",
+        "## Speed-ups and the ratio guard (run.accelerate; docs/speed.md)",
+        "",
+        "Before training, each run with a speed-up re-evaluated one rollout through the training path; "
+        "max |ratio - 1| must stay within the tolerance or the run refuses to start. Guard time is set-up time (it "
+        "includes compilation for the first shapes), outside s/iter.",
+        "",
+        "| Method | preset | speed-ups | guard max abs(ratio - 1) (max over seeds) | per seed | tolerance | guard s |",
+        "|---|---|---|---:|---|---:|---:|",
+    ]
+    for a in algos.values():
+        guard = a.get("ratio_guard")
+        speedups = ", ".join(a.get("speedups") or []) or "none"
+        if guard is None:
+            lines.append(f"| {a['label']} | {a['preset']} | {speedups} | – | – | – | – |")
+            continue
+        seeds = ", ".join(f"{v:.2g}" for v in guard["per_seed"])
+        lines.append(
+            f"| {a['label']} | {a['preset']} | {speedups} | {guard['max_error']:.2g} | {seeds} | "
+            f"{guard['tolerance']:g} | {fmt(guard['seconds_mean'], '.1f')} |"
+        )
+    return lines
 
 
 def _paper_cell(paper: dict[str, Any], qty: str, name: str, marks: dict[str, int]) -> str:

@@ -26,10 +26,17 @@ from rlpost.components.prompts import PromptStream
 from rlpost.core.context import RunContext
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.backend import EngineBackend
-from rlpost.engine.checkpoint import CheckpointError, CheckpointInfo, read_checkpoint, rotate, write_checkpoint
+from rlpost.engine.checkpoint import (
+    CheckpointError,
+    CheckpointInfo,
+    find_checkpoint,
+    read_checkpoint,
+    rotate,
+    write_checkpoint,
+)
 from rlpost.engine.ema import EMA
 from rlpost.engine.guards import Guards
-from rlpost.engine.recipe import Recipe
+from rlpost.engine.recipe import Recipe, state_breaking_changes
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.weights import write_diffusers_artifacts
 
@@ -229,3 +236,46 @@ def _as_tuple(obj: Any) -> Any:
     if isinstance(obj, list):
         return tuple(_as_tuple(v) for v in obj)
     return obj
+
+
+def check_resume(resume: str, run_dir: Path, config: dict[str, Any], seed: int) -> tuple[CheckpointInfo, Path, int]:
+    """Where a resume continues, checked before anything heavy loads.
+
+    Args:
+        resume: ``"latest"``, a run directory or a checkpoint directory.
+        run_dir: This run's directory (where ``"latest"`` is looked up).
+        config: This run's resolved recipe, compared with the stored one.
+        seed: This run's ``run.seed``.
+
+    Returns:
+        The checkpoint, the run directory it belongs to (a resume always continues the checkpoint's own run
+        directory) and the seed to use: the stored one (a changed ``run.seed`` is ignored, with a warning).
+
+    Raises:
+        CheckpointError: No such checkpoint, no stored recipe, or the recipe changed in a way the checkpoint cannot
+            honour (:func:`rlpost.engine.recipe.state_breaking_changes`).
+    """
+    import warnings
+
+    info = find_checkpoint(resume, run_dir)
+    own = info.path.parent.parent
+    try:
+        stored = RunDirectory(own).stored_recipe()
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"cannot resume: {exc}") from None
+    breaking = state_breaking_changes(stored, config)
+    if breaking:
+        raise CheckpointError(
+            f"cannot resume from {info.path}: the recipe changed in a way the checkpoint cannot honour:\n  - "
+            + "\n  - ".join(breaking)
+            + "\nstart a new run (another run.output_dir) instead"
+        )
+    stored_seed = int(stored.get("run", {}).get("seed", seed))
+    if stored_seed != seed:
+        warnings.warn(
+            f"run.seed changed from {stored_seed} to {seed}; resuming with the checkpoint's seed and RNG "
+            "states (the new seed is ignored)",
+            UserWarning,
+            stacklevel=3,
+        )
+    return info, own, stored_seed

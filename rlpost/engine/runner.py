@@ -28,7 +28,7 @@ from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
 from rlpost.engine import evaluation, lr_schedule, persistence
 from rlpost.engine.backend import EngineBackend, LocalBackend, resolve_device
-from rlpost.engine.checkpoint import CheckpointError, CheckpointInfo, find_checkpoint
+from rlpost.engine.checkpoint import CheckpointError, CheckpointInfo
 from rlpost.engine.distributed import DeepSpeedBackend, World
 from rlpost.engine.ema import EMA
 from rlpost.engine.evaluation import Evaluator
@@ -36,7 +36,8 @@ from rlpost.engine.guards import Guards
 from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.persistence import RunState
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
-from rlpost.engine.recipe import Recipe, state_breaking_changes
+from rlpost.engine.ratio_guard import RatioCheck, check_speedups
+from rlpost.engine.recipe import Recipe
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.scoring import score_rollout
 from rlpost.engine.sharding import (
@@ -47,6 +48,7 @@ from rlpost.engine.sharding import (
     UpdateTotals,
     stream_generator,
 )
+from rlpost.models.acceleration import apply_acceleration
 from rlpost.ops.images import save_grid
 
 __all__ = ["Runner"]
@@ -91,15 +93,19 @@ class Runner:
         self._state: RunState | None = None  # the parts checkpoints save and restore, built once by setup()
         self.phases = PhaseTimer()
         """Wall time of each step phase and of evaluations (:mod:`rlpost.engine.phases`)."""
+        self.ratio_check: RatioCheck | None = None
+        """What the ratio guard measured at set-up (:mod:`rlpost.engine.ratio_guard`); ``None`` without speed-ups."""
 
     # ------------------------------------------------------------------------------------------------ set-up
 
     def setup(self) -> None:
         """Create (or reopen, when resuming) the run directory, load weights, build the torch optimizer, the prompt
-        stream, EMA, evaluator and trackers; then restore the checkpoint when resuming.
+        stream, EMA, evaluator and trackers; then restore the checkpoint when resuming. With ``run.accelerate`` on,
+        the speed-ups are applied after the model loads and the ratio guard runs last.
 
         Raises:
             CheckpointError: The resume cannot be honoured (checked before any weights load).
+            SpeedupRatioError: The speed-ups change the importance ratio beyond ``run.accelerate.ratio_tolerance``.
         """
         r = self.recipe
         checkpoint = self._check_resume() if self.resume is not None else None
@@ -114,6 +120,7 @@ class Runner:
         random.seed(self.seed)
         np.random.seed(self.seed % 2**32)
         r.model.setup(self.device)
+        apply_acceleration(r.model, r.run.accelerate)
         for reward in r.rewards:
             reward.setup(self.device)
         params = r.model.trainable_parameters()
@@ -155,6 +162,7 @@ class Runner:
         )
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
+        self.ratio_check = check_speedups(r, stream, self.seed, self.ctx.step, self.shard.max_over_ranks)
 
     def _start_world(self) -> None:
         """Join the process group; this rank's device, rank and the group-aware work split follow from it."""
@@ -167,34 +175,16 @@ class Runner:
         self.shard = GroupSharding(self.seed, world.rank, world.world_size, world.all_gather, world.barrier)
 
     def _check_resume(self) -> CheckpointInfo:
-        """Find the checkpoint and compare the stored recipe with this one, before anything heavy loads."""
+        """Find the checkpoint and compare the stored recipe with this one, before anything heavy loads
+        (:func:`rlpost.engine.persistence.check_resume`); the run continues the checkpoint's own directory and seed."""
         assert self.resume is not None
-        info = find_checkpoint(self.resume, self.rundir.path)
-        run_dir = info.path.parent.parent
+        info, run_dir, self.seed = persistence.check_resume(
+            self.resume, self.rundir.path, self.recipe.config, self.seed
+        )
         if run_dir.resolve() != self.rundir.path.resolve():
-            # Resuming always continues the checkpoint's own run directory.
             self.rundir = RunDirectory(run_dir)
             self.ctx.output_dir = run_dir
-        try:
-            stored = self.rundir.stored_recipe()
-        except FileNotFoundError as exc:
-            raise CheckpointError(f"cannot resume: {exc}") from None
-        breaking = state_breaking_changes(stored, self.recipe.config)
-        if breaking:
-            raise CheckpointError(
-                f"cannot resume from {info.path}: the recipe changed in a way the checkpoint cannot honour:\n  - "
-                + "\n  - ".join(breaking)
-                + "\nstart a new run (another run.output_dir) instead"
-            )
-        stored_seed = int(stored.get("run", {}).get("seed", self.seed))
-        if stored_seed != self.seed:
-            warnings.warn(
-                f"run.seed changed from {stored_seed} to {self.seed}; resuming with the checkpoint's seed and RNG "
-                "states (the new seed is ignored)",
-                UserWarning,
-                stacklevel=2,
-            )
-            self.seed = self.shard.seed = stored_seed
+        self.shard.seed = self.seed
         return info
 
     # ------------------------------------------------------------------------------------------------- steps
@@ -330,6 +320,7 @@ class Runner:
         for phase in STEP_PHASES:  # a skipped phase (no update after a guard trip) took no time
             metrics[f"perf/{phase}_sec"] = self.phases.current.get(phase, 0.0)
         metrics["perf/step_sec"] = self.phases.step_elapsed()
+        metrics.update(self.ratio_check.metrics() if self.ratio_check is not None else {})
         if torch.cuda.is_available():
             metrics["perf/peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
         # ru_maxrss is KiB on Linux, bytes on macOS.

@@ -41,6 +41,7 @@ from rlpost.core.merge import merge_rollouts
 from rlpost.engine.guards import Guards
 
 __all__ = [
+    "STREAM_GUARD",
     "STREAM_MINIBATCH",
     "STREAM_ROLLOUT",
     "STREAM_STEP",
@@ -63,6 +64,7 @@ __all__ = [
 STREAM_ROLLOUT = 1
 STREAM_MINIBATCH = 2
 STREAM_STEP = 3  # per-step sampler state (Sampler.begin_step), on every path
+STREAM_GUARD = 4  # the ratio guard's own rollout (rlpost.engine.ratio_guard): no run stream is touched
 
 GatherFn = Callable[[Any], list[Any]]
 

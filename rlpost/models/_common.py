@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from rlpost.core.api import Policy
+from rlpost.models.acceleration import AccelerateConfig, Speedups
 from rlpost.models.adapter_settings import DTypeName, LoraSpec, resolve_dtype
 from rlpost.models.pipeline_dir import (
     cached_snapshot,
@@ -119,6 +120,7 @@ class DiffusersTransformerPolicy(Policy):
         self._ref_transformer: nn.Module | None = None
         self._use_ref = False
         self._cache = PromptCache()
+        self._speedups: Speedups | None = None
 
     # ------------------------------------------------------------------------------------------------ set-up
 
@@ -226,6 +228,23 @@ class DiffusersTransformerPolicy(Policy):
             transformer.enable_gradient_checkpointing()
         self._pipe = pipe
         self._cache.clear()
+        self._speedups = None
+
+    def accelerate(self, settings: AccelerateConfig) -> None:
+        """Apply ``run.accelerate`` after :meth:`setup` (:mod:`rlpost.models.acceleration`): attention backend,
+        channels-last VAE and in-place ``torch.compile`` of ``pipe.transformer``; every later transformer call of
+        ``velocity`` runs under the call's speed-ups (compiled or eager, autocast) by its gradient mode.
+
+        Raises:
+            ValueError: A speed-up this model cannot apply (naming its ``run.accelerate`` field).
+        """
+        speedups = Speedups(settings, self.device)
+        speedups.apply(self.transformer, getattr(self.pipe, "vae", None))
+        self._speedups = speedups
+
+    def clear_prompt_cache(self) -> None:
+        """Forget every cached prompt encoding (the next ``encode`` encodes afresh)."""
+        self._cache.clear()
 
     @property
     def pipe(self) -> Any:
@@ -262,8 +281,10 @@ class DiffusersTransformerPolicy(Policy):
         return noise.to(self.device, torch.float32)
 
     def _active_transformer(self) -> Any:
-        """The denoiser ``velocity`` calls: the frozen copy inside :meth:`reference` under full fine-tuning."""
-        return self._ref_transformer if (self._use_ref and self._ref_transformer is not None) else self.transformer
+        """The denoiser ``velocity`` calls: the frozen copy inside :meth:`reference` under full fine-tuning; with
+        ``run.accelerate`` on, a stand-in calling it under the speed-ups (its attributes are the module's)."""
+        module = self._ref_transformer if (self._use_ref and self._ref_transformer is not None) else self.transformer
+        return module if self._speedups is None else self._speedups.wrap(module)
 
     @torch.no_grad()
     def decode(self, latents: Tensor) -> Tensor:

@@ -37,8 +37,10 @@ from rlpost.models.tiny_text import t5_vocab
 
 __all__ = [
     "TINY_WAN_SHIFT",
+    "WAN21_UNIPC_SCHEDULER",
     "TINY_WAN_TRANSFORMER",
     "TINY_WAN_VAE",
+    "assemble_wan_pipeline",
     "build_tiny_wan",
     "ensure_tiny_wan",
 ]
@@ -75,6 +77,30 @@ TINY_WAN_VAE: Mapping[str, Any] = {
 
 TINY_WAN_SHIFT = 3.0
 """Static shift of the tiny scheduler: the released 480p ``flow_shift``."""
+
+WAN21_UNIPC_SCHEDULER: Mapping[str, Any] = {
+    # Wan-AI/Wan2.1-T2V-1.3B-Diffusers, scheduler/scheduler_config.json (the fields that are not UniPC's defaults)
+    "_class_name": "UniPCMultistepScheduler",
+    "flow_shift": 3.0,
+    "prediction_type": "flow_prediction",
+    "use_flow_sigmas": True,
+    "final_sigmas_type": "zero",
+    "solver_order": 2,
+    "solver_type": "bh2",
+}
+"""The released Wan2.1 scheduler (480p), which the tiny build replaces by a flow-match Euler one (module docstring);
+benchmarks/gpu_wan.py's random Wan2.1-1.3B keeps it."""
+
+
+def assemble_wan_pipeline(transformer: Any, vae: Any, text_encoder: Any, tokenizer: Any, scheduler: Any) -> Any:
+    """A ``WanPipeline`` of these modules, each put in ``eval()`` mode first (dropout would break the save/load round
+    trip, see ``rlpost/models/tiny.py``)."""
+    diffusers: Any = importlib.import_module("diffusers")
+    for module in (transformer, vae, text_encoder):
+        module.eval()
+    return diffusers.WanPipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer
+    )
 
 
 def build_tiny_wan(out_dir: Path, *, seed: int = 0, num_layers: int | None = None) -> Path:
@@ -115,15 +141,8 @@ def build_tiny_wan(out_dir: Path, *, seed: int = 0, num_layers: int | None = Non
             eos_token_id=1,
         )
         text_encoder = transformers.UMT5EncoderModel(text_config)
-    for module in (transformer, vae, text_encoder):
-        module.eval()
-    pipe = diffusers.WanPipeline(
-        tokenizer=tokenizer,
-        text_encoder=text_encoder,
-        vae=vae,
-        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=TINY_WAN_SHIFT),
-        transformer=transformer,
-    )
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=TINY_WAN_SHIFT)
+    pipe = assemble_wan_pipeline(transformer, vae, text_encoder, tokenizer, scheduler)
     out_dir.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out_dir))
     return out_dir

@@ -55,6 +55,16 @@ ALLOWED: dict[tuple[str, str], str] = {
         "assert torch.equal(a, b)",
     ): "one-machine",
     # integer / boolean tensors
+    # a velocity kept from a CUDA graph replay against its own copy: a later replay must not overwrite it
+    (
+        "tests/gpu/test_speedups.py",
+        "torch.testing.assert_close(first, kept, rtol=0, atol=0)",
+    ): "no-arithmetic",
+    # the ratio guard leaves the run's generators untouched: their states are byte tensors
+    (
+        "tests/unit/test_ratio_guard.py",
+        "assert torch.equal(a.pop(key), b.pop(key)), key",
+    ): "no-arithmetic",
     # EMA: a skipped update, a swap and a state round-trip copy tensors (no arithmetic between the two sides)
     (
         "tests/unit/test_ema.py",

@@ -114,7 +114,7 @@ def _validated_algorithms(spec: bench.BenchSpec) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("path", SUB_BENCHES, ids=lambda p: p.name)
 def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The focused digits benches (recipes/bench/digits/*_bench.yaml) validate like the main one; an arm that adds
-    prompt selection, a std floor, an LR decay or a KL term differs from its plain arm only there."""
+    prompt selection, a std floor, an LR decay, a KL term or torch.compile differs from its plain arm only there."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
     spec = bench.load_bench(str(path))
@@ -143,6 +143,11 @@ def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch
                 for c in (config, plain)
             ]
             assert without_kl[0] == without_kl[1]
+        if name.endswith("-compile"):
+            plain = configs[name.removesuffix("-compile")]
+            assert config["run"]["accelerate"]["compile"] == "both" and plain["run"]["accelerate"]["compile"] == "off"
+            assert {k: v for k, v in config.items() if k != "run"} == {k: v for k, v in plain.items() if k != "run"}
+            assert {**config["run"], "accelerate": None} == {**plain["run"], "accelerate": None}
         if name.endswith("-floor"):
             plain = configs[name.removesuffix("-floor")]
             assert config["advantage"]["init_args"]["eps"] == 0.05 and plain["advantage"]["init_args"]["eps"] == 1e-8
@@ -363,6 +368,32 @@ def test_aggregate_over_seeds_equal_iterations_wall_time_levels_and_ratios() -> 
     assert "### `eval/judge`" in md and "### `eval/r`" in md
     assert "| FAST | fast-preset |" in md and "2.41x" in md and "excludes 2.41 (below)" in md
     assert "mean best level, against its own time to its best" in md and "| 3/3 | 4.0 (n=3, all equal) |" in md
+
+
+def test_report_gives_each_arms_speedups_and_guard_error() -> None:
+    """Per arm: the speed-ups that were on and the ratio guard's max |ratio - 1| over seeds (plain arms: none)."""
+    runs = []
+    for seed, error in enumerate([2e-9, 5e-9, 3e-9]):
+        fast = _run("fast", seed, [0, 5], {"eval/r": [0.5, 0.6]}, 1.0 + 0.01 * seed)
+        guard = {"speedups": ["compile=both"], "max_error": error, "mean_error": error, "edges": 39}
+        guard |= {"tolerance": 1e-3, "seconds": 20.0, "passed": True}
+        runs.append({**fast, "speedups": ["compile=both"], "ratio_guard": guard})
+        runs.append({**_run("ref", seed, [0, 5], {"eval/r": [0.5, 0.6]}, 2.0), "speedups": [], "ratio_guard": None})
+    result = _result(runs, ["fast"], "ref")
+    guard = result["algorithms"]["fast"]["ratio_guard"]
+    assert guard["max_error"] == 5e-9 and guard["per_seed"] == [2e-9, 5e-9, 3e-9] and guard["tolerance"] == 1e-3
+    assert result["algorithms"]["ref"]["ratio_guard"] is None
+    md = bench.markdown(
+        {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
+    )
+    assert "## Speed-ups and the ratio guard" in md
+    assert "| FAST | fast-preset | compile=both | 5e-09 | 2e-09, 5e-09, 3e-09 | 0.001 | 20.0 |" in md
+    assert "| REF | ref-preset | none | – | – | – | – |" in md
+    plain = _result([r for r in runs if r["algorithm"] == "ref"], [], "ref")  # no arm with a speed-up: no section
+    md = bench.markdown(
+        {**plain, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
+    )
+    assert "ratio guard" not in md
 
 
 def test_overlapping_seeds_are_reported_not_separated_and_unreached_levels_honestly() -> None:

@@ -80,6 +80,11 @@ CASES = [
     Case("init_args", ["--recipe", TINY, "--sampler.init_args.k", "3"], {"sampler.init_args.k": 3}),
     Case("shorthand", ["--recipe", TINY, "--sampler.k=4"], {"sampler.init_args.k": 4}),
     Case(
+        "accelerate",
+        ["--recipe", TINY, "--run.accelerate.compile", "both", "--run.accelerate.ratio_tolerance", "1e-4"],
+        {"run.accelerate.compile": "both", "run.accelerate.ratio_tolerance": 1e-4, "run.seed": 0},
+    ),
+    Case(
         "seed-and-dir",
         ["--recipe", DIGITS, "--run.seed", "3", "--run.output_dir", "/tmp/mj3"],
         {"run.seed": 3, "run.output_dir": "/tmp/mj3"},

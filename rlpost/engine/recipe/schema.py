@@ -48,6 +48,7 @@ from rlpost.engine.ema import EMAConfig
 from rlpost.engine.evaluation.config import EvalSettings, EvalSpec
 from rlpost.engine.guards import GuardConfig
 from rlpost.engine.logging_ import LoggingConfig
+from rlpost.models.acceleration import AccelerateConfig
 from rlpost.ops.media import FrameScoring
 
 __all__ = [
@@ -92,6 +93,9 @@ class RunConfig:
             batch is filled from the next prompts, so a step's budget is unchanged; logs ``prompts/skipped``);
             null (the default) takes every prompt. See :mod:`rlpost.components.prompt_selection`.
         max_skips: With ``min_group_spread``: a low-spread prompt is skipped at most this many epochs in a row.
+        accelerate: Opt-in speed-ups (torch.compile, CUDA graphs, attention backend, channels-last VAE, autocast) and
+            the ratio guard that refuses a run whose speed-ups change the importance ratio
+            (:class:`~rlpost.models.acceleration.AccelerateConfig`, docs/speed.md).
     """
 
     seed: int = 0
@@ -105,6 +109,7 @@ class RunConfig:
     log_every: int = 1
     min_group_spread: float | None = None
     max_skips: int = 2
+    accelerate: AccelerateConfig = field(default_factory=AccelerateConfig)
 
     SEED_MAX: ClassVar[int] = 2**32 - 1
     """Largest seed: the RNG streams derive ``seed * 1_000_003 + offset`` seeds and numpy takes 32-bit seeds."""
@@ -127,7 +132,7 @@ class RunConfig:
         device = device_problem(self.device)
         if device is not None:
             problems.append(f"device: {device}")
-        return problems
+        return problems + self.accelerate.problems(self.device)
 
 
 def device_problem(spec: str) -> str | None:

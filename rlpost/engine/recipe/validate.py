@@ -22,6 +22,7 @@ from rlpost.engine.lr_schedule import is_run_length_lr
 from rlpost.engine.recipe.names import resolve_component
 from rlpost.engine.recipe.schema import SECTION, SECTIONS, OptimizerFactory, Recipe, RecipeError, Section
 from rlpost.engine.recipe.typecheck import check_with_parser, with_defaults
+from rlpost.models.acceleration import acceleration_problems
 from rlpost.ops.media import media_problems
 
 __all__ = ["validate"]
@@ -203,6 +204,7 @@ def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
             f"advantage: {recipe.advantage.name!r} requires {sorted(missing)} from the sampler, but sampler "
             f"{recipe.sampler.name!r} provides {sorted(recipe.sampler.provides) or 'nothing'}"
         )
+    problems.extend(acceleration_problems(recipe.run.accelerate, recipe.model))
     if problems or not sane_run:
         return problems  # the component checks below assume a sane run section
     components: list[Component] = [

@@ -21,6 +21,7 @@ from rlpost.apps.host import build_host
 from rlpost.components.chain import ChainPlan, run_chains
 from rlpost.core.contract import PromptBatch
 from rlpost.models import LoraSpec, ModelDirError
+from rlpost.models.tiny_wan import WAN21_UNIPC_SCHEDULER
 from rlpost.models.wan import WanPolicy
 from rlpost.models.wan_geometry import WanGeometry, wan_diffusers_sigmas
 from rlpost.ops.kernels import DanceGRPOSDE, EulerODE, FlowGRPOSDE, StepKernel
@@ -35,16 +36,7 @@ NFE = 4
 LATENT = (16, 3, WAN_HEIGHT // 8, WAN_WIDTH // 8)  # 9 frames -> 3 latent frames; 32 x 48 px -> 4 x 6
 SIZE = dict(height=WAN_HEIGHT, width=WAN_WIDTH, num_frames=WAN_FRAMES, max_sequence_length=32)
 
-# Wan-AI/Wan2.1-T2V-1.3B-Diffusers scheduler/scheduler_config.json (the fields that are not UniPC's defaults).
-WAN21_UNIPC = {
-    "_class_name": "UniPCMultistepScheduler",
-    "flow_shift": 3.0,
-    "prediction_type": "flow_prediction",
-    "use_flow_sigmas": True,
-    "final_sigmas_type": "zero",
-    "solver_order": 2,
-    "solver_type": "bh2",
-}
+WAN21_UNIPC = dict(WAN21_UNIPC_SCHEDULER)  # the released scheduler config (rlpost/models/tiny_wan.py)
 
 
 def _sample(policy: WanPolicy, x: torch.Tensor, prompts: list[str], kernel: StepKernel, nfe: int) -> torch.Tensor:
