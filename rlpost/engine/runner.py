@@ -34,6 +34,7 @@ from rlpost.engine.ema import EMA
 from rlpost.engine.evaluation import Evaluator
 from rlpost.engine.guards import Guards
 from rlpost.engine.logging_ import MetricsLogger
+from rlpost.engine.overlap import sample_and_score
 from rlpost.engine.persistence import RunState
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
 from rlpost.engine.ratio_guard import RatioCheck, check_speedups
@@ -205,15 +206,7 @@ class Runner:
         self.phases.start_step()
         self.guards.begin_step()
         lr_schedule.begin_step(self.backend.scheduler, self.ctx.step, r.run.max_steps)  # a schedule over the run
-        with timed("rollout"):
-            batch = shard.next_batch(self.stream, r.run.groups_per_step, r.run.samples_per_group)
-            with torch.no_grad():
-                rollout = shard.rollout(r.sampler, r.model, batch, self.ctx.step)
-            self._guard_log_probs(rollout)
-        self.host.after_rollout(self.ctx, rollout)
-        with timed("reward"):
-            scores = self.score(rollout)  # each rank scores its own samples
-        self.host.after_rewards(self.ctx, rollout, scores)
+        rollout, scores = self._sample_and_score()  # each rank samples and scores its own groups
         view = shard.gather(rollout, scores, self.guards)  # whole groups of every rank (the rollout itself locally)
         self.stream.observe(view.rollout, view.scores)  # identical on every rank (run.min_group_spread)
         adv_metrics: dict[str, float] = {}
@@ -242,6 +235,30 @@ class Runner:
         if self.guards.should_stop():
             self._stop_on_guard()
         return metrics
+
+    def _sample_and_score(self) -> tuple[Rollout, RewardScores]:
+        """The step's rollout (phase ``rollout``) and reward scores (phase ``reward``), with the hooks after each; with
+        ``run.accelerate.overlap_groups`` sampled in parts, each scored while the next samples
+        (:mod:`rlpost.engine.overlap`), both in phase ``rollout``."""
+        r, shard, timed, step = self.recipe, self.shard, self.phases.timed, self.ctx.step
+        assert self.stream is not None
+        parts = r.run.accelerate.overlap_groups
+        with timed("rollout"):
+            batch = shard.next_batch(self.stream, r.run.groups_per_step, r.run.samples_per_group)
+            with torch.no_grad():
+                if parts:
+                    rollout, scores = sample_and_score(
+                        shard.rollout_parts(r.sampler, r.model, batch, step, parts), self.score
+                    )
+                else:
+                    rollout = shard.rollout(r.sampler, r.model, batch, step)
+            self._guard_log_probs(rollout)
+        self.host.after_rollout(self.ctx, rollout)
+        if not parts:
+            with timed("reward"):
+                scores = self.score(rollout)
+        self.host.after_rewards(self.ctx, rollout, scores)
+        return rollout, scores
 
     def _guard_log_probs(self, rollout: Rollout) -> None:
         """Behaviour log-probs of trainable edges must be finite; bad edges are made untrainable."""

@@ -27,7 +27,7 @@ stateful minibatch generator (stream 2).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,6 +52,7 @@ __all__ = [
     "begin_step",
     "derived_generator",
     "gather_view",
+    "group_rollouts",
     "merge_rollouts",
     "reduce_metrics",
     "reduce_updates",
@@ -79,6 +80,30 @@ def derived_generator(seed: int, stream: int, step: int, index: int) -> torch.Ge
 def stream_generator(seed: int, stream: int) -> torch.Generator:
     """The run's stateful single-process generator of ``stream`` (seeded ``seed * 1_000_003 + stream``)."""
     return torch.Generator().manual_seed(seed * 1_000_003 + stream)
+
+
+def group_rollouts(
+    sampler: Sampler, policy: Policy, batch: PromptBatch, seed: int, step: int, groups_per_part: int
+) -> Iterator[Rollout]:
+    """Step ``step``'s rollout of ``batch`` in parts of at most ``groups_per_part`` groups, each group with its own
+    ``(seed, stream 1, step, global group)`` generator (:meth:`Sampler.rollout_groups`): a part is sampled only when
+    the caller asks for it, so the caller can score one part while the next samples (``run.accelerate.overlap``).
+
+    The parts' groups draw exactly what they draw in one call over the whole batch (the generators are per group);
+    only the batch a transformer forward runs at changes, i.e. results agree up to floating-point batch effects.
+    ``begin_step`` is the caller's (once per step).
+    """
+    for lo in range(0, batch.num_groups, groups_per_part):
+        part = PromptBatch(
+            prompts=batch.prompts[lo : lo + groups_per_part],
+            metadata=batch.metadata[lo : lo + groups_per_part],
+            samples_per_group=batch.samples_per_group,
+            group_offset=batch.group_offset + lo,
+        )
+        generators = [
+            derived_generator(seed, STREAM_ROLLOUT, step, part.group_offset + j) for j in range(part.num_groups)
+        ]
+        yield sampler.rollout_groups(policy, part, generators)
 
 
 def begin_step(sampler: Sampler, seed: int, step: int) -> None:
@@ -250,6 +275,16 @@ class LocalSharding:
         begin_step(sampler, self.seed, step)
         return sampler.rollout(policy, batch, self.rollout_gen)
 
+    def rollout_parts(
+        self, sampler: Sampler, policy: Policy, batch: PromptBatch, step: int, groups_per_part: int
+    ) -> Iterator[Rollout]:
+        """Step ``step``'s rollout in parts of ``groups_per_part`` groups with per-group generators
+        (:func:`group_rollouts`): the sharded path's streams, not the run's stateful one, so it equals a one-rank
+        ``distributed`` run (not :meth:`rollout`'s draws); ``run.accelerate.overlap`` scores a part while the next
+        samples."""
+        begin_step(sampler, self.seed, step)
+        yield from group_rollouts(sampler, policy, batch, self.seed, step, groups_per_part)
+
     def minibatch_generator(self, step: int) -> torch.Generator:
         """The run's minibatch generator."""
         return self.minibatch_gen
@@ -310,10 +345,16 @@ class GroupSharding:
         Call once per training step: it advances the sampler's per-step state.
         """
         begin_step(sampler, self.seed, step)
-        generators = [
-            derived_generator(self.seed, STREAM_ROLLOUT, step, batch.group_offset + j) for j in range(batch.num_groups)
-        ]
-        return sampler.rollout_groups(policy, batch, generators)
+        (rollout,) = group_rollouts(sampler, policy, batch, self.seed, step, max(1, batch.num_groups))
+        return rollout
+
+    def rollout_parts(
+        self, sampler: Sampler, policy: Policy, batch: PromptBatch, step: int, groups_per_part: int
+    ) -> Iterator[Rollout]:
+        """Step ``step``'s rollout in parts of ``groups_per_part`` groups (:func:`group_rollouts`, after
+        :func:`begin_step`); merged, they equal :meth:`rollout` up to floating-point batch effects."""
+        begin_step(sampler, self.seed, step)
+        yield from group_rollouts(sampler, policy, batch, self.seed, step, groups_per_part)
 
     def minibatch_generator(self, step: int) -> torch.Generator:
         """A fresh generator for this step and rank."""

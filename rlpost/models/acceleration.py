@@ -113,6 +113,11 @@ class AccelerateConfig:
             ``max |ratio - 1|`` above this (checked before training whenever a speed-up is on).
         guard_groups: Prompt groups of the guard's rollout (drawn from a copy of the prompt stream with a generator
             of its own, so the run's results do not depend on it).
+        overlap_groups: Sample a step in parts of this many prompt groups and score each finished part (decoded
+            samples, every reward) in a worker thread while the next part samples (:mod:`rlpost.engine.overlap`);
+            0 (the default) samples the step at once. It changes no ratio, but the rollout then draws from
+            per-group noise streams (those of ``distributed``): the run equals a one-rank ``distributed`` run, with
+            or without overlap (same rewards and advantages up to batch effects), not the default stream's draws.
     """
 
     compile: CompileScope = "off"
@@ -125,6 +130,7 @@ class AccelerateConfig:
     autocast_scope: PathScope = "both"
     ratio_tolerance: float = 1e-3
     guard_groups: int = 1
+    overlap_groups: int = 0
 
     def enabled(self) -> list[str]:
         """The speed-ups that are on, one label each (empty: none; the guard and :class:`Speedups` stay idle)."""
@@ -170,6 +176,8 @@ class AccelerateConfig:
             problems.append(f"{p}ratio_tolerance: must be a positive finite number, got {self.ratio_tolerance}")
         if isinstance(self.guard_groups, bool) or self.guard_groups < 1:
             problems.append(f"{p}guard_groups: must be >= 1, got {self.guard_groups}")
+        if isinstance(self.overlap_groups, bool) or self.overlap_groups < 0:
+            problems.append(f"{p}overlap_groups: must be >= 0 (0: no overlap), got {self.overlap_groups}")
         return problems
 
     def _attention_problems(self, kind: str | None) -> list[str]:

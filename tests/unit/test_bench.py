@@ -114,7 +114,7 @@ def _validated_algorithms(spec: bench.BenchSpec) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("path", SUB_BENCHES, ids=lambda p: p.name)
 def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The focused digits benches (recipes/bench/digits/*_bench.yaml) validate like the main one; an arm that adds
-    prompt selection, a std floor, an LR decay, a KL term or torch.compile differs from its plain arm only there."""
+    prompt selection, a std floor, an LR decay, a KL term, torch.compile or overlap differs from its plain arm only there."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
     spec = bench.load_bench(str(path))
@@ -146,6 +146,13 @@ def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch
         if name.endswith("-compile"):
             plain = configs[name.removesuffix("-compile")]
             assert config["run"]["accelerate"]["compile"] == "both" and plain["run"]["accelerate"]["compile"] == "off"
+            assert {k: v for k, v in config.items() if k != "run"} == {k: v for k, v in plain.items() if k != "run"}
+            assert {**config["run"], "accelerate": None} == {**plain["run"], "accelerate": None}
+        if name.endswith("-overlap"):
+            plain = configs[name.removesuffix("-overlap")]
+            assert (
+                config["run"]["accelerate"]["overlap_groups"] == 1 and plain["run"]["accelerate"]["overlap_groups"] == 0
+            )
             assert {k: v for k, v in config.items() if k != "run"} == {k: v for k, v in plain.items() if k != "run"}
             assert {**config["run"], "accelerate": None} == {**plain["run"], "accelerate": None}
         if name.endswith("-floor"):

@@ -1,0 +1,105 @@
+"""Overlapped rollouts (``run.accelerate.overlap_groups``, rlpost/engine/overlap.py): each finished part of a step is
+scored while the next part samples, and the results are those of sampling the step's groups in one part."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from torch import Tensor
+
+from rlpost import RewardSource, hookimpl
+from rlpost.apps.host import build_host
+from rlpost.engine.recipe import RecipeError, parse_recipe, validate
+from rlpost.engine.runner import Runner
+from tests import toy_components
+from tests.toy_components import toy_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_TREE = str(ROOT / "recipes" / "tiny" / "treegrpo.yaml")
+# Counted rows and the sampler's closed form; rewards, advantages and losses up to batch effects of fp32 forwards.
+TOL = 1e-5
+
+
+def _history(tmp_path: Path, name: str, overlap_groups: int) -> tuple[list[dict[str, float]], Runner]:
+    host = build_host()
+    pairs = [
+        ("run.output_dir", str(tmp_path / name)),
+        ("run.groups_per_step", "2"),
+        ("run.accelerate", f"{{overlap_groups: {overlap_groups}}}"),
+    ]
+    runner = Runner(validate(parse_recipe([TINY_TREE], pairs, host), host), host)
+    return runner.run(), runner
+
+
+def test_overlap_gives_the_rewards_and_advantages_of_one_part(tmp_path: Path) -> None:
+    # Two parts of one group each (scored while the next samples) against one part of both groups (no overlap): the
+    # same per-group noise streams, so the same samples up to the batch a transformer forward ran at.
+    overlapped, runner = _history(tmp_path, "two-parts", overlap_groups=1)
+    whole, _ = _history(tmp_path, "one-part", overlap_groups=2)
+    counts = runner.recipe.sampler.counts(2, runner.recipe.run.samples_per_group)
+    for a, b in zip(overlapped, whole, strict=True):
+        assert a["perf/rollout_forwards"] == b["perf/rollout_forwards"] <= counts.rollout_forwards
+        assert a["perf/images"] == b["perf/images"] == counts.images
+        assert a["train/edges"] == b["train/edges"] == counts.trainable_edges
+        for key in ("reward/jpeg-compressibility", "reward/weighted", "adv/std", "loss/policy"):
+            if key in a:
+                assert abs(a[key] - b[key]) <= TOL, (key, a[key], b[key])
+        assert a["perf/reward_sec"] == 0.0  # scoring is inside the rollout phase when overlapped
+    assert any("adv/" in k for k in overlapped[0])
+
+
+# ------------------------------------------------------------------------- the overlap really happens
+
+
+WATCH: dict[str, Any] = {}
+
+
+class WaitsForTheNextPart(RewardSource):
+    """Scores like ``toy-brightness``; its first call returns only once the policy has run more denoiser rows than
+    when the call began: under overlap the next part samples meanwhile, without it the call would wait forever (the
+    wait gives up after 60 s and records that)."""
+
+    name: ClassVar[str] = "waits-for-next-part"
+
+    def score(self, images: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
+        WATCH.setdefault("threads", []).append(threading.current_thread().name)
+        WATCH.setdefault("sizes", []).append(int(images.shape[0]))
+        if "first" not in WATCH:
+            policy = WATCH["policy"]
+            start, deadline = policy.forward_count, time.monotonic() + 60
+            while policy.forward_count == start and time.monotonic() < deadline:
+                time.sleep(0.01)
+            WATCH["first"] = policy.forward_count > start
+        return images.float().mean(dim=(1, 2, 3)) / 255.0
+
+
+class _Plugin:
+    @hookimpl
+    def rlpost_register_reward_sources(self, register: Any) -> None:
+        register(WaitsForTheNextPart)
+
+
+def test_a_part_is_scored_while_the_next_one_samples(tmp_path: Path) -> None:
+    WATCH.clear()
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components, _Plugin()))
+    cfg = toy_recipe(str(tmp_path / "run"), max_steps=1, groups_per_step=3, accelerate={"overlap_groups": 1})
+    cfg["rewards"] = [{"class_path": "waits-for-next-part"}]
+    runner = Runner(validate(cfg, host), host)
+    WATCH["policy"] = runner.recipe.model
+    (metrics,) = runner.run()
+    assert WATCH["first"] is True, "the first part's scoring saw no sampling of the next part"
+    assert WATCH["sizes"] == [4, 4, 4]  # one call per part of one group of 4 samples
+    assert all(name.startswith("rlpost-overlap") for name in WATCH["threads"])
+    assert metrics["perf/images"] == 12
+
+
+def test_bad_overlap_groups_are_a_recipe_problem(tmp_path: Path) -> None:
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
+    with pytest.raises(RecipeError, match=r"run\.accelerate\.overlap_groups: must be >= 0"):
+        validate(toy_recipe(str(tmp_path / "run"), accelerate={"overlap_groups": -1}), host)
+    assert torch.is_grad_enabled()
