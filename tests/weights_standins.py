@@ -1,5 +1,5 @@
-"""Stand-ins for weights a recipe names but tests cannot download: diffusers SD3 and FLUX pipeline directories with real
-configs and empty weight files, placed in a scratch Hugging Face cache, and reward checkpoint files under a scratch
+"""Stand-ins for weights a recipe names but tests cannot download: diffusers SD3, FLUX and Wan pipeline directories with
+real configs and empty weight files, placed in a scratch Hugging Face cache, and reward checkpoint files under a scratch
 ``$RLPOST_MODELS``. Validation only checks that these exist and reads their configs, so a stand-in lets a test
 validate a full-size recipe; loading one fails, which tests that must not load weights want anyway."""
 
@@ -13,6 +13,7 @@ import pytest
 
 SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
 FLUX1_DEV = "black-forest-labs/FLUX.1-dev"
+WAN21_T2V_1_3B = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 
 # Reward checkpoints the shipped recipes use, as default names under $RLPOST_MODELS (file or directory).
 REWARD_FILES = (
@@ -87,6 +88,42 @@ def write_flux_standin(directory: Path) -> Path:
     return directory
 
 
+def write_wan_standin(directory: Path) -> Path:
+    """A Wan2.1-T2V-shaped pipeline directory (``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``' component layout):
+    ``model_index.json``, each component's config and an empty weight file.
+
+    The configs hold what validation reads, with the released values: the transformer's 3-D patch and RoPE table,
+    the VAE's levels (without ``scale_factor_*`` keys, which diffusers added for Wan2.2, so validation's fallback to
+    the class defaults 8 / 4 is exercised) and the released UniPC scheduler config
+    (:data:`rlpost.models.tiny_wan.WAN21_UNIPC_SCHEDULER`).
+    """
+    from rlpost.models.tiny_wan import WAN21_UNIPC_SCHEDULER
+
+    components = {
+        "transformer": ("diffusers", "WanTransformer3DModel"),
+        "vae": ("diffusers", "AutoencoderKLWan"),
+        "scheduler": ("diffusers", "UniPCMultistepScheduler"),
+        "text_encoder": ("transformers", "UMT5EncoderModel"),
+        "tokenizer": ("transformers", "T5TokenizerFast"),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    index = {"_class_name": "WanPipeline", **{k: list(v) for k, v in components.items()}}
+    (directory / "model_index.json").write_text(json.dumps(index))
+    configs = {
+        "transformer": {"patch_size": [1, 2, 2], "in_channels": 16, "rope_max_seq_len": 1024, "num_layers": 30},
+        "vae": {"base_dim": 96, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "temperal_downsample": [False, True, True]},
+    }
+    for name in components:
+        sub = directory / name
+        sub.mkdir(exist_ok=True)
+        if name == "scheduler":
+            (sub / "scheduler_config.json").write_text(json.dumps(dict(WAN21_UNIPC_SCHEDULER)))
+        elif not name.startswith("tokenizer"):
+            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
+            (sub / "model.safetensors").write_bytes(b"")
+    return directory
+
+
 def hub_cache_standin(cache: Path, repo_id: str, write: Any = write_sd3_standin) -> Path:
     """Place a stand-in (``write``: SD3 by default) in the Hugging Face cache layout under ``cache``; returns its
     snapshot directory."""
@@ -116,13 +153,14 @@ def hub_dataset_standin(cache: Path, repo_id: str, files: dict[str, str]) -> Pat
 
 @pytest.fixture
 def standin_weights(tmp_path_factory, monkeypatch) -> Path:
-    """A scratch HF cache holding SD3.5 Medium and FLUX.1-dev, and a scratch ``$RLPOST_MODELS`` holding the reward
-    checkpoints."""
+    """A scratch HF cache holding SD3.5 Medium, FLUX.1-dev and Wan2.1-T2V-1.3B, and a scratch ``$RLPOST_MODELS``
+    holding the reward checkpoints."""
     import huggingface_hub.constants
 
     root = tmp_path_factory.mktemp("standin-weights")
     hub_cache_standin(root / "hub", SD35_MEDIUM)
     hub_cache_standin(root / "hub", FLUX1_DEV, write_flux_standin)
+    hub_cache_standin(root / "hub", WAN21_T2V_1_3B, write_wan_standin)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root / "hub"))
     models = root / "models"
     models.mkdir()

@@ -22,6 +22,7 @@ from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.flux import FluxPolicy
 from rlpost.models.sd3 import SD3Policy
+from rlpost.models.wan import WanPolicy
 from tests.weights_standins import hub_dataset_standin, standin_weights  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def host() -> PluginHost:
 
 @pytest.fixture(autouse=True)
 def no_weights(monkeypatch):
-    for policy in (SD3Policy, FluxPolicy):
+    for policy in (SD3Policy, FluxPolicy, WanPolicy):
         monkeypatch.setattr(policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
 
 
