@@ -27,6 +27,30 @@ REWARD_FILES = (
 REWARD_DIRS = ("bert-base-uncased", "clip-vit-large-patch14")
 
 
+def write_pipeline_standin(
+    directory: Path,
+    pipeline: str,
+    components: dict[str, tuple[str, str]],
+    configs: dict[str, dict[str, Any]],
+    scheduler: dict[str, Any],
+) -> Path:
+    """A diffusers pipeline directory of class ``pipeline``: ``model_index.json`` listing ``components`` (name ->
+    (library, class)), the scheduler's ``scheduler_config.json``, and for every other non-tokenizer component its
+    ``config.json`` (``configs[name]``, else empty) and an empty weight file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    index = {"_class_name": pipeline, **{k: list(v) for k, v in components.items()}}
+    (directory / "model_index.json").write_text(json.dumps(index))
+    for name in components:
+        sub = directory / name
+        sub.mkdir(exist_ok=True)
+        if name == "scheduler":
+            (sub / "scheduler_config.json").write_text(json.dumps(scheduler))
+        elif not name.startswith("tokenizer"):
+            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
+            (sub / "model.safetensors").write_bytes(b"")
+    return directory
+
+
 def write_sd3_standin(directory: Path, vae_blocks: int = 4, patch_size: int = 2, pos_embed_max_size: int = 192) -> Path:
     """An SD3-shaped pipeline directory: ``model_index.json``, each component's config and an empty weight file.
 
@@ -43,22 +67,11 @@ def write_sd3_standin(directory: Path, vae_blocks: int = 4, patch_size: int = 2,
         "text_encoder_3": ("transformers", "T5EncoderModel"),
         "tokenizer_3": ("transformers", "T5TokenizerFast"),
     }
-    directory.mkdir(parents=True, exist_ok=True)
-    index = {"_class_name": "StableDiffusion3Pipeline", **{k: list(v) for k, v in components.items()}}
-    (directory / "model_index.json").write_text(json.dumps(index))
     configs = {
         "transformer": {"patch_size": patch_size, "pos_embed_max_size": pos_embed_max_size},
         "vae": {"block_out_channels": [128] * vae_blocks},
     }
-    for name in components:
-        sub = directory / name
-        sub.mkdir(exist_ok=True)
-        if name == "scheduler":
-            (sub / "scheduler_config.json").write_text("{}")
-        elif not name.startswith("tokenizer"):
-            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
-            (sub / "model.safetensors").write_bytes(b"")
-    return directory
+    return write_pipeline_standin(directory, "StableDiffusion3Pipeline", components, configs, {})
 
 
 def write_flux_standin(directory: Path) -> Path:
@@ -73,19 +86,9 @@ def write_flux_standin(directory: Path) -> Path:
         "text_encoder_2": ("transformers", "T5EncoderModel"),
         "tokenizer_2": ("transformers", "T5TokenizerFast"),
     }
-    directory.mkdir(parents=True, exist_ok=True)
-    index = {"_class_name": "FluxPipeline", **{k: list(v) for k, v in components.items()}}
-    (directory / "model_index.json").write_text(json.dumps(index))
     configs = {"transformer": {"patch_size": 1, "guidance_embeds": True}, "vae": {"block_out_channels": [128] * 4}}
-    for name in components:
-        sub = directory / name
-        sub.mkdir(exist_ok=True)
-        if name == "scheduler":
-            (sub / "scheduler_config.json").write_text(json.dumps({"use_dynamic_shifting": True, "shift": 3.0}))
-        elif not name.startswith("tokenizer"):
-            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
-            (sub / "model.safetensors").write_bytes(b"")
-    return directory
+    scheduler = {"use_dynamic_shifting": True, "shift": 3.0}
+    return write_pipeline_standin(directory, "FluxPipeline", components, configs, scheduler)
 
 
 def write_wan_standin(directory: Path) -> Path:
@@ -106,22 +109,11 @@ def write_wan_standin(directory: Path) -> Path:
         "text_encoder": ("transformers", "UMT5EncoderModel"),
         "tokenizer": ("transformers", "T5TokenizerFast"),
     }
-    directory.mkdir(parents=True, exist_ok=True)
-    index = {"_class_name": "WanPipeline", **{k: list(v) for k, v in components.items()}}
-    (directory / "model_index.json").write_text(json.dumps(index))
     configs = {
         "transformer": {"patch_size": [1, 2, 2], "in_channels": 16, "rope_max_seq_len": 1024, "num_layers": 30},
         "vae": {"base_dim": 96, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "temperal_downsample": [False, True, True]},
     }
-    for name in components:
-        sub = directory / name
-        sub.mkdir(exist_ok=True)
-        if name == "scheduler":
-            (sub / "scheduler_config.json").write_text(json.dumps(dict(WAN21_UNIPC_SCHEDULER)))
-        elif not name.startswith("tokenizer"):
-            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
-            (sub / "model.safetensors").write_bytes(b"")
-    return directory
+    return write_pipeline_standin(directory, "WanPipeline", components, configs, dict(WAN21_UNIPC_SCHEDULER))
 
 
 def hub_cache_standin(cache: Path, repo_id: str, write: Any = write_sd3_standin) -> Path:
