@@ -21,6 +21,7 @@ import rlpost.models.wan as wan_module
 from rlpost.apps import cli
 from rlpost.apps.host import build_host
 from rlpost.core.api import RewardSource
+from rlpost.core.contract import PromptBatch
 from rlpost.core.hookspecs import hookimpl
 from rlpost.engine.guards import GuardConfig, Guards
 from rlpost.engine.recipe import validate
@@ -122,16 +123,13 @@ def test_frame_reductions_rescore_a_wan_rollout_as_documented(tiny_wan_dir: Path
     cfg["model"]["init_args"]["pretrained"] = str(tiny_wan_dir)
     recipe = validate(cfg, host)
     recipe.model.setup(torch.device("cpu"))
-    batch = recipe.prompts.load()[:2]
-    from rlpost.core.contract import PromptBatch
-
-    prompts = PromptBatch([p for p, _ in batch], [m for _, m in batch], 2)
+    batch = PromptBatch(["a photo of a cat", "a red car"], [{}, {}], samples_per_group=2)
     with torch.no_grad():
-        rollout = recipe.sampler.rollout(recipe.model, prompts, torch.Generator().manual_seed(0))
+        rollout = recipe.sampler.rollout(recipe.model, batch, torch.Generator().manual_seed(0))
     media = rollout.media
     assert media.shape == (4, WAN_FRAMES, WAN_HEIGHT, WAN_WIDTH, 3)
     reward = JpegCompressibility()
-    frames = reward.score(media.flatten(0, 1), ["p"] * media.shape[0] * WAN_FRAMES, [{}] * (4 * WAN_FRAMES))
+    frames = reward.score(media.flatten(0, 1), ["p"] * (4 * WAN_FRAMES), [{}] * (4 * WAN_FRAMES))
     per_frame = frames.reshape(4, WAN_FRAMES)
     assert per_frame.std(1).min() > 0  # the frames differ, so the reductions can
     got = {}
@@ -143,7 +141,7 @@ def test_frame_reductions_rescore_a_wan_rollout_as_documented(tiny_wan_dir: Path
     torch.testing.assert_close(got["mean"], per_frame.mean(1))
     torch.testing.assert_close(got["min"], per_frame.min(1).values)
     torch.testing.assert_close(got["first"], per_frame[:, 0])
-    assert (got["min"] < got["mean"]).all() and not torch.equal(got["first"], got["mean"])
+    assert (got["min"] < got["mean"]).all() and (got["first"] - got["mean"]).abs().max() > 1e-3
 
 
 # ------------------------------------------------------------------------------ eval, report, export, sample
