@@ -1,5 +1,5 @@
-"""Stand-ins for weights a recipe names but tests cannot download: diffusers SD3 and FLUX pipeline directories with real
-configs and empty weight files, placed in a scratch Hugging Face cache, and reward checkpoint files under a scratch
+"""Stand-ins for weights a recipe names but tests cannot download: diffusers SD3, FLUX and Wan pipeline directories with
+real configs and empty weight files, placed in a scratch Hugging Face cache, and reward checkpoint files under a scratch
 ``$RLPOST_MODELS``. Validation only checks that these exist and reads their configs, so a stand-in lets a test
 validate a full-size recipe; loading one fails, which tests that must not load weights want anyway."""
 
@@ -13,6 +13,7 @@ import pytest
 
 SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
 FLUX1_DEV = "black-forest-labs/FLUX.1-dev"
+WAN21_T2V_1_3B = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 
 # Reward checkpoints the shipped recipes use, as default names under $RLPOST_MODELS (file or directory).
 REWARD_FILES = (
@@ -24,6 +25,30 @@ REWARD_FILES = (
 )
 # ... and directories (tokenizer and CLIP snapshots), as default names under $RLPOST_MODELS.
 REWARD_DIRS = ("bert-base-uncased", "clip-vit-large-patch14")
+
+
+def write_pipeline_standin(
+    directory: Path,
+    pipeline: str,
+    components: dict[str, tuple[str, str]],
+    configs: dict[str, dict[str, Any]],
+    scheduler: dict[str, Any],
+) -> Path:
+    """A diffusers pipeline directory of class ``pipeline``: ``model_index.json`` listing ``components`` (name ->
+    (library, class)), the scheduler's ``scheduler_config.json``, and for every other non-tokenizer component its
+    ``config.json`` (``configs[name]``, else empty) and an empty weight file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    index = {"_class_name": pipeline, **{k: list(v) for k, v in components.items()}}
+    (directory / "model_index.json").write_text(json.dumps(index))
+    for name in components:
+        sub = directory / name
+        sub.mkdir(exist_ok=True)
+        if name == "scheduler":
+            (sub / "scheduler_config.json").write_text(json.dumps(scheduler))
+        elif not name.startswith("tokenizer"):
+            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
+            (sub / "model.safetensors").write_bytes(b"")
+    return directory
 
 
 def write_sd3_standin(directory: Path, vae_blocks: int = 4, patch_size: int = 2, pos_embed_max_size: int = 192) -> Path:
@@ -42,22 +67,11 @@ def write_sd3_standin(directory: Path, vae_blocks: int = 4, patch_size: int = 2,
         "text_encoder_3": ("transformers", "T5EncoderModel"),
         "tokenizer_3": ("transformers", "T5TokenizerFast"),
     }
-    directory.mkdir(parents=True, exist_ok=True)
-    index = {"_class_name": "StableDiffusion3Pipeline", **{k: list(v) for k, v in components.items()}}
-    (directory / "model_index.json").write_text(json.dumps(index))
     configs = {
         "transformer": {"patch_size": patch_size, "pos_embed_max_size": pos_embed_max_size},
         "vae": {"block_out_channels": [128] * vae_blocks},
     }
-    for name in components:
-        sub = directory / name
-        sub.mkdir(exist_ok=True)
-        if name == "scheduler":
-            (sub / "scheduler_config.json").write_text("{}")
-        elif not name.startswith("tokenizer"):
-            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
-            (sub / "model.safetensors").write_bytes(b"")
-    return directory
+    return write_pipeline_standin(directory, "StableDiffusion3Pipeline", components, configs, {})
 
 
 def write_flux_standin(directory: Path) -> Path:
@@ -72,19 +86,34 @@ def write_flux_standin(directory: Path) -> Path:
         "text_encoder_2": ("transformers", "T5EncoderModel"),
         "tokenizer_2": ("transformers", "T5TokenizerFast"),
     }
-    directory.mkdir(parents=True, exist_ok=True)
-    index = {"_class_name": "FluxPipeline", **{k: list(v) for k, v in components.items()}}
-    (directory / "model_index.json").write_text(json.dumps(index))
     configs = {"transformer": {"patch_size": 1, "guidance_embeds": True}, "vae": {"block_out_channels": [128] * 4}}
-    for name in components:
-        sub = directory / name
-        sub.mkdir(exist_ok=True)
-        if name == "scheduler":
-            (sub / "scheduler_config.json").write_text(json.dumps({"use_dynamic_shifting": True, "shift": 3.0}))
-        elif not name.startswith("tokenizer"):
-            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
-            (sub / "model.safetensors").write_bytes(b"")
-    return directory
+    scheduler = {"use_dynamic_shifting": True, "shift": 3.0}
+    return write_pipeline_standin(directory, "FluxPipeline", components, configs, scheduler)
+
+
+def write_wan_standin(directory: Path) -> Path:
+    """A Wan2.1-T2V-shaped pipeline directory (``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``' component layout):
+    ``model_index.json``, each component's config and an empty weight file.
+
+    The configs hold what validation reads, with the released values: the transformer's 3-D patch and RoPE table,
+    the VAE's levels (without ``scale_factor_*`` keys, which diffusers added for Wan2.2, so validation's fallback to
+    the class defaults 8 / 4 is exercised) and the released UniPC scheduler config
+    (:data:`rlpost.models.tiny_wan.WAN21_UNIPC_SCHEDULER`).
+    """
+    from rlpost.models.tiny_wan import WAN21_UNIPC_SCHEDULER
+
+    components = {
+        "transformer": ("diffusers", "WanTransformer3DModel"),
+        "vae": ("diffusers", "AutoencoderKLWan"),
+        "scheduler": ("diffusers", "UniPCMultistepScheduler"),
+        "text_encoder": ("transformers", "UMT5EncoderModel"),
+        "tokenizer": ("transformers", "T5TokenizerFast"),
+    }
+    configs = {
+        "transformer": {"patch_size": [1, 2, 2], "in_channels": 16, "rope_max_seq_len": 1024, "num_layers": 30},
+        "vae": {"base_dim": 96, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "temperal_downsample": [False, True, True]},
+    }
+    return write_pipeline_standin(directory, "WanPipeline", components, configs, dict(WAN21_UNIPC_SCHEDULER))
 
 
 def hub_cache_standin(cache: Path, repo_id: str, write: Any = write_sd3_standin) -> Path:
@@ -116,13 +145,14 @@ def hub_dataset_standin(cache: Path, repo_id: str, files: dict[str, str]) -> Pat
 
 @pytest.fixture
 def standin_weights(tmp_path_factory, monkeypatch) -> Path:
-    """A scratch HF cache holding SD3.5 Medium and FLUX.1-dev, and a scratch ``$RLPOST_MODELS`` holding the reward
-    checkpoints."""
+    """A scratch HF cache holding SD3.5 Medium, FLUX.1-dev and Wan2.1-T2V-1.3B, and a scratch ``$RLPOST_MODELS``
+    holding the reward checkpoints."""
     import huggingface_hub.constants
 
     root = tmp_path_factory.mktemp("standin-weights")
     hub_cache_standin(root / "hub", SD35_MEDIUM)
     hub_cache_standin(root / "hub", FLUX1_DEV, write_flux_standin)
+    hub_cache_standin(root / "hub", WAN21_T2V_1_3B, write_wan_standin)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root / "hub"))
     models = root / "models"
     models.mkdir()

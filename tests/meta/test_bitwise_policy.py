@@ -41,6 +41,10 @@ GUARANTEES: dict[str, tuple[str, str]] = {
     "zero-advantage": ("docs/rewards.md", "A singleton or constant group gives **exactly 0**"),
     "distributed": ("docs/distributed.md", "The result equals the single-rank one exactly"),
     "log-prob": ("docs/design.md", "keeps the log-prob function identical at both ends"),
+    "one-frame": (
+        "docs/rewards.md",
+        "with any reduction an image model's scores are its images' scores bit for bit",
+    ),
 }
 
 # (path, stripped line) -> guarantee. One entry covers every identical line of that file.
@@ -286,6 +290,22 @@ ALLOWED: dict[tuple[str, str], str] = {
     ): "resume",
     ("tests/unit/test_resume.py", "assert torch.equal(x, y)"): "resume",
     ("tests/plugins/ddpo/test_ddpo.py", "assert torch.equal(a, b)"): "resume",
+    # media: an image model's samples are one-frame clips scored as the images; first frames, stacked frames and
+    # grid tiles are views and copies of the decoded pixels
+    ("tests/unit/ops/test_media.py", "assert torch.equal(got, direct), (reward.name, reduction)"): "one-frame",
+    ("tests/unit/ops/test_media.py", "assert torch.equal(inputs, media[:, 0])"): "no-arithmetic",
+    (
+        "tests/unit/ops/test_media.py",
+        "assert torch.equal(stack_frames(media)[:, :8], media[:, 0])  # the stacked PNG layout starts with frame 0",
+    ): "no-arithmetic",
+    (
+        "tests/unit/models/test_wan_algorithms.py",
+        "assert np.array_equal(tiles[2 * i], frame_strip(torch.from_numpy(before[i])).numpy())",
+    ): "no-arithmetic",
+    (
+        "tests/unit/models/test_wan_algorithms.py",
+        "assert np.array_equal(tiles[2 * i + 1], frame_strip(torch.from_numpy(after[i])).numpy())",
+    ): "no-arithmetic",
     # `rlpost recipes copy` copies a shipped recipe's bytes
     ("tests/unit/test_recipes_cmd.py", 'assert (tmp_path / "mine.yaml").read_bytes() == source'): "no-arithmetic",
     ("tests/unit/test_recipes_cmd.py", 'assert (tmp_path / "treegrpo_r07.yaml").read_bytes() == r07'): "no-arithmetic",

@@ -22,6 +22,7 @@ from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.flux import FluxPolicy
 from rlpost.models.sd3 import SD3Policy
+from rlpost.models.wan import WanPolicy
 from tests.weights_standins import hub_dataset_standin, standin_weights  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def host() -> PluginHost:
 
 @pytest.fixture(autouse=True)
 def no_weights(monkeypatch):
-    for policy in (SD3Policy, FluxPolicy):
+    for policy in (SD3Policy, FluxPolicy, WanPolicy):
         monkeypatch.setattr(policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
 
 
@@ -160,3 +161,34 @@ def test_headline_command_validates_once_prompts_are_cached(scratch, monkeypatch
     recipe = ROOT / "recipes" / "treegrpo_sd35.yaml"
     scratch(recipe)
     assert cli.main(["validate", "--recipe", str(recipe)]) == 0, capsys.readouterr().err
+
+
+WAN = [ROOT / "recipes" / "treegrpo_wan21_1.3b.yaml", ROOT / "recipes" / "dancegrpo_wan21_1.3b.yaml"]
+
+
+@pytest.mark.parametrize("recipe", WAN, ids=lambda p: p.name)
+def test_wan_recipes_say_what_they_need_and_check_the_released_geometry(recipe, host, scratch):
+    """The Wan2.1 production recipes validate against the Wan2.1-T2V-1.3B stand-in (released configs, UniPC
+    scheduler) as 33-frame videos; their headers give the 8-GPU command and every file they need; a frame count or
+    size the released VAE and patch cannot take is a problem naming the field."""
+    scratch(recipe)
+    cfg = merge_sources([str(recipe)])
+    validated = validate(cfg, host)
+    assert validated.model.frames == 33 and validated.model.pretrained == "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+    header = recipe.read_text().split("\nrun:")[0]
+    for needed in (
+        f"deepspeed --num_gpus 8 --module rlpost.apps.cli train --recipe recipes/{recipe.name}",
+        "huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+        "--model.pretrained",
+        "$RLPOST_MODELS/HPS_v2.1_compressed.pt",
+        "ImageReward.pt",
+        "DFN5B-CLIP-ViT-H-14-384",
+        "ymhao/HPDv2",
+        "zhwang/HPDv2",
+    ):
+        assert needed in header, (recipe.name, needed)
+    bad = json.loads(json.dumps(cfg))
+    bad["model"]["init_args"].update(num_frames=32, height=470)
+    with pytest.raises(RecipeError) as info:
+        validate(bad, host)
+    assert {p.split(":")[0] for p in info.value.problems} == {"model.init_args.num_frames", "model.init_args.height"}

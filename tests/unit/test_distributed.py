@@ -22,6 +22,7 @@ from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, validate
 from rlpost.engine.sharding import derived_generator, gather_view, merge_rollouts, skeleton
 from tests import toy_components
+from tests.models_fixtures_wan import tiny_wan_dir  # noqa: F401 - the Wan case's fixture
 from tests.toy_components import toy_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,12 +202,13 @@ def _assert_metrics_close(a: list[dict[str, float]], b: list[dict[str, float]]) 
 _FAMILIES = {
     "sd3": ("tiny_sd3_dir", "recipes/tiny/treegrpo.yaml"),
     "flux": ("tiny_flux_dir", "recipes/tiny/treegrpo_flux.yaml"),
+    "wan": ("tiny_wan_dir", "recipes/tiny/treegrpo_wan.yaml"),  # video: 9-frame latents, per-frame rewards
 }
 
 
 @pytest.fixture(scope="module", params=list(_FAMILIES))
 def two_rank_zero2(request, tmp_path_factory):
-    """Two TreeGRPO iterations on two CPU ranks with ZeRO-2, a checkpoint after each (tiny SD3 and tiny FLUX)."""
+    """Two TreeGRPO iterations on two CPU ranks with ZeRO-2, a checkpoint after each (tiny SD3, FLUX and Wan)."""
     fixture, recipe = _FAMILIES[request.param]
     tmp = tmp_path_factory.mktemp(f"ds-{request.param}")
     host = build_host()
