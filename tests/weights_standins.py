@@ -1,7 +1,8 @@
-"""Stand-ins for weights a recipe names but tests cannot download: diffusers SD3 and FLUX pipeline directories with real
-configs and empty weight files, placed in a scratch Hugging Face cache, and reward checkpoint files under a scratch
-``$RLPOST_MODELS``. Validation only checks that these exist and reads their configs, so a stand-in lets a test
-validate a full-size recipe; loading one fails, which tests that must not load weights want anyway."""
+"""Stand-ins for weights a recipe names but tests cannot download: diffusers SD3, FLUX and Qwen-Image pipeline
+directories with real configs and empty weight files, placed in a scratch Hugging Face cache, and reward checkpoint
+files under a scratch ``$RLPOST_MODELS``. Validation only checks that these exist and reads their configs, so a
+stand-in lets a test validate a full-size recipe; loading one fails, which tests that must not load weights want
+anyway."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
 FLUX1_DEV = "black-forest-labs/FLUX.1-dev"
+QWEN_IMAGE = "Qwen/Qwen-Image"
 
 # Reward checkpoints the shipped recipes use, as default names under $RLPOST_MODELS (file or directory).
 REWARD_FILES = (
@@ -24,6 +26,30 @@ REWARD_FILES = (
 )
 # ... and directories (tokenizer and CLIP snapshots), as default names under $RLPOST_MODELS.
 REWARD_DIRS = ("bert-base-uncased", "clip-vit-large-patch14")
+
+
+def _write_pipeline_standin(
+    directory: Path,
+    pipeline: str,
+    components: dict[str, tuple[str, str]],
+    configs: dict[str, dict[str, Any]],
+    scheduler: dict[str, Any],
+) -> Path:
+    """A pipeline directory: ``model_index.json`` naming ``pipeline`` and ``components`` (name -> (library, class)),
+    each weighted component's ``config.json`` (from ``configs``, else empty) with an empty weight file, the scheduler
+    config, and an empty folder per tokenizer."""
+    directory.mkdir(parents=True, exist_ok=True)
+    index = {"_class_name": pipeline, **{k: list(v) for k, v in components.items()}}
+    (directory / "model_index.json").write_text(json.dumps(index))
+    for name in components:
+        sub = directory / name
+        sub.mkdir(exist_ok=True)
+        if name == "scheduler":
+            (sub / "scheduler_config.json").write_text(json.dumps(scheduler))
+        elif not name.startswith("tokenizer"):
+            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
+            (sub / "model.safetensors").write_bytes(b"")
+    return directory
 
 
 def write_sd3_standin(directory: Path, vae_blocks: int = 4, patch_size: int = 2, pos_embed_max_size: int = 192) -> Path:
@@ -42,22 +68,11 @@ def write_sd3_standin(directory: Path, vae_blocks: int = 4, patch_size: int = 2,
         "text_encoder_3": ("transformers", "T5EncoderModel"),
         "tokenizer_3": ("transformers", "T5TokenizerFast"),
     }
-    directory.mkdir(parents=True, exist_ok=True)
-    index = {"_class_name": "StableDiffusion3Pipeline", **{k: list(v) for k, v in components.items()}}
-    (directory / "model_index.json").write_text(json.dumps(index))
     configs = {
         "transformer": {"patch_size": patch_size, "pos_embed_max_size": pos_embed_max_size},
         "vae": {"block_out_channels": [128] * vae_blocks},
     }
-    for name in components:
-        sub = directory / name
-        sub.mkdir(exist_ok=True)
-        if name == "scheduler":
-            (sub / "scheduler_config.json").write_text("{}")
-        elif not name.startswith("tokenizer"):
-            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
-            (sub / "model.safetensors").write_bytes(b"")
-    return directory
+    return _write_pipeline_standin(directory, "StableDiffusion3Pipeline", components, configs, {})
 
 
 def write_flux_standin(directory: Path) -> Path:
@@ -72,19 +87,30 @@ def write_flux_standin(directory: Path) -> Path:
         "text_encoder_2": ("transformers", "T5EncoderModel"),
         "tokenizer_2": ("transformers", "T5TokenizerFast"),
     }
-    directory.mkdir(parents=True, exist_ok=True)
-    index = {"_class_name": "FluxPipeline", **{k: list(v) for k, v in components.items()}}
-    (directory / "model_index.json").write_text(json.dumps(index))
     configs = {"transformer": {"patch_size": 1, "guidance_embeds": True}, "vae": {"block_out_channels": [128] * 4}}
-    for name in components:
-        sub = directory / name
-        sub.mkdir(exist_ok=True)
-        if name == "scheduler":
-            (sub / "scheduler_config.json").write_text(json.dumps({"use_dynamic_shifting": True, "shift": 3.0}))
-        elif not name.startswith("tokenizer"):
-            (sub / "config.json").write_text(json.dumps(configs.get(name, {})))
-            (sub / "model.safetensors").write_bytes(b"")
-    return directory
+    scheduler = {"use_dynamic_shifting": True, "shift": 3.0}
+    return _write_pipeline_standin(directory, "FluxPipeline", components, configs, scheduler)
+
+
+def write_qwenimage_standin(directory: Path) -> Path:
+    """A Qwen-Image-shaped pipeline directory (Qwen/Qwen-Image's component layout; its VAE's three temporal
+    down-sampling flags make the VAE factor 8, so resolutions are multiples of 16), Qwen-Image's scheduler config,
+    each component's config and an empty weight file."""
+    from rlpost_qwenimage.tiny import QWEN_IMAGE_SCHEDULER_CONFIG
+
+    components = {
+        "transformer": ("diffusers", "QwenImageTransformer2DModel"),
+        "vae": ("diffusers", "AutoencoderKLQwenImage"),
+        "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
+        "text_encoder": ("transformers", "Qwen2_5_VLForConditionalGeneration"),
+        "tokenizer": ("transformers", "Qwen2Tokenizer"),
+    }
+    configs = {
+        "transformer": {"patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60},
+        "vae": {"z_dim": 16, "temperal_downsample": [False, True, True]},
+    }
+    scheduler = dict(QWEN_IMAGE_SCHEDULER_CONFIG)
+    return _write_pipeline_standin(directory, "QwenImagePipeline", components, configs, scheduler)
 
 
 def hub_cache_standin(cache: Path, repo_id: str, write: Any = write_sd3_standin) -> Path:
@@ -116,13 +142,14 @@ def hub_dataset_standin(cache: Path, repo_id: str, files: dict[str, str]) -> Pat
 
 @pytest.fixture
 def standin_weights(tmp_path_factory, monkeypatch) -> Path:
-    """A scratch HF cache holding SD3.5 Medium and FLUX.1-dev, and a scratch ``$RLPOST_MODELS`` holding the reward
-    checkpoints."""
+    """A scratch HF cache holding SD3.5 Medium, FLUX.1-dev and Qwen-Image, and a scratch ``$RLPOST_MODELS`` holding
+    the reward checkpoints."""
     import huggingface_hub.constants
 
     root = tmp_path_factory.mktemp("standin-weights")
     hub_cache_standin(root / "hub", SD35_MEDIUM)
     hub_cache_standin(root / "hub", FLUX1_DEV, write_flux_standin)
+    hub_cache_standin(root / "hub", QWEN_IMAGE, write_qwenimage_standin)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root / "hub"))
     models = root / "models"
     models.mkdir()

@@ -22,6 +22,7 @@ from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.flux import FluxPolicy
 from rlpost.models.sd3 import SD3Policy
+from rlpost_qwenimage.policy import QwenImagePolicy
 from tests.weights_standins import hub_dataset_standin, standin_weights  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def host() -> PluginHost:
 
 @pytest.fixture(autouse=True)
 def no_weights(monkeypatch):
-    for policy in (SD3Policy, FluxPolicy):
+    for policy in (SD3Policy, FluxPolicy, QwenImagePolicy):
         monkeypatch.setattr(policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
 
 
@@ -160,3 +161,14 @@ def test_headline_command_validates_once_prompts_are_cached(scratch, monkeypatch
     recipe = ROOT / "recipes" / "treegrpo_sd35.yaml"
     scratch(recipe)
     assert cli.main(["validate", "--recipe", str(recipe)]) == 0, capsys.readouterr().err
+
+
+def test_qwenimage_recipe_checks_resolution_against_the_cached_vae(scratch, monkeypatch, capsys):
+    """recipes/treegrpo_qwenimage.yaml reads the VAE factor from the cached Qwen/Qwen-Image snapshot's config (8, x2
+    for the 2x2 packing): 520 px is refused naming the field, exit 2, before any weight loads."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    recipe = ROOT / "recipes" / "treegrpo_qwenimage.yaml"
+    scratch(recipe)
+    assert cli.main(["validate", "--recipe", str(recipe), "--model.resolution", "520"]) == 2
+    assert "model.init_args.resolution: 520 is not a multiple of 16" in capsys.readouterr().err
+    assert cli.main(["validate", "--recipe", str(recipe), "--model.resolution", "1328"]) == 0, capsys.readouterr().err
