@@ -22,7 +22,7 @@ from rlpost.apps.host import build_host
 from rlpost.engine.recipe import validate
 from rlpost.engine.runner import Runner
 from tests.tolerances import PIXEL_ATOL, assert_pixels_close
-from tests.unit.components.chain_helpers import check_end_to_end, train_two_iterations
+from tests.unit.components.chain_helpers import check_recipe_trains_two_steps
 
 ROOT = Path(__file__).resolve().parents[3]
 PROMPTS = ["a red cube", "two birds in a tree"]
@@ -43,14 +43,9 @@ def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_two_steps_on_tiny_qwenimage(algorithm: str, tiny_qwenimage_dir: Path, tmp_path: Path) -> None:
-    recipe = ALGORITHMS[algorithm]
-    assert yaml.safe_load((ROOT / recipe).read_text())["model"]["class_path"] == "qwen-image"
-    lines, probe = train_two_iterations(recipe, tiny_qwenimage_dir, tmp_path / "run")
-    check_end_to_end(lines, probe)  # finite metrics, ratio 1 before the first update, weights moved
-    stored = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
-    model = stored["model"]
-    assert model["class_path"] == "rlpost_qwenimage.policy.QwenImagePolicy"  # the run really used the plugin
-    assert model["init_args"]["pretrained"] == str(tiny_qwenimage_dir)
+    qwen = "rlpost_qwenimage.policy.QwenImagePolicy"  # the plugin's class, resolved from its short name
+    run = tmp_path / "run"
+    lines, model = check_recipe_trains_two_steps(ALGORITHMS[algorithm], tiny_qwenimage_dir, run, "qwen-image", qwen)
     assert model["init_args"]["true_cfg_scale"] == (1.0 if algorithm == "treegrpo" else CFG)
     if algorithm == "dancegrpo":
         # 2 groups x 4 samples x 4 steps, counted per row before the CFG doubling; the grid ends at 0.02 -> 0, so
