@@ -1,7 +1,8 @@
-"""Stand-ins for weights a recipe names but tests cannot download: diffusers SD3, FLUX and Wan pipeline directories with
-real configs and empty weight files, placed in a scratch Hugging Face cache, and reward checkpoint files under a scratch
-``$RLPOST_MODELS``. Validation only checks that these exist and reads their configs, so a stand-in lets a test
-validate a full-size recipe; loading one fails, which tests that must not load weights want anyway."""
+"""Stand-ins for weights a recipe names but tests cannot download: diffusers SD3, FLUX, Wan and Qwen-Image pipeline
+directories with real configs and empty weight files, placed in a scratch Hugging Face cache, and reward checkpoint
+files under a scratch ``$RLPOST_MODELS``. Validation only checks that these exist and reads their configs, so a
+stand-in lets a test validate a full-size recipe; loading one fails, which tests that must not load weights want
+anyway."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
 FLUX1_DEV = "black-forest-labs/FLUX.1-dev"
 WAN21_T2V_1_3B = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+QWEN_IMAGE = "Qwen/Qwen-Image"
 
 # Reward checkpoints the shipped recipes use, as default names under $RLPOST_MODELS (file or directory).
 REWARD_FILES = (
@@ -116,6 +118,27 @@ def write_wan_standin(directory: Path) -> Path:
     return write_pipeline_standin(directory, "WanPipeline", components, configs, dict(WAN21_UNIPC_SCHEDULER))
 
 
+def write_qwenimage_standin(directory: Path) -> Path:
+    """A Qwen-Image-shaped pipeline directory (Qwen/Qwen-Image's component layout; its VAE's three temporal
+    down-sampling flags make the VAE factor 8, so resolutions are multiples of 16), Qwen-Image's scheduler config,
+    each component's config and an empty weight file."""
+    from rlpost_qwenimage.tiny import QWEN_IMAGE_SCHEDULER_CONFIG
+
+    components = {
+        "transformer": ("diffusers", "QwenImageTransformer2DModel"),
+        "vae": ("diffusers", "AutoencoderKLQwenImage"),
+        "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
+        "text_encoder": ("transformers", "Qwen2_5_VLForConditionalGeneration"),
+        "tokenizer": ("transformers", "Qwen2Tokenizer"),
+    }
+    configs = {
+        "transformer": {"patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60},
+        "vae": {"z_dim": 16, "temperal_downsample": [False, True, True]},
+    }
+    scheduler = dict(QWEN_IMAGE_SCHEDULER_CONFIG)
+    return write_pipeline_standin(directory, "QwenImagePipeline", components, configs, scheduler)
+
+
 def hub_cache_standin(cache: Path, repo_id: str, write: Any = write_sd3_standin) -> Path:
     """Place a stand-in (``write``: SD3 by default) in the Hugging Face cache layout under ``cache``; returns its
     snapshot directory."""
@@ -145,14 +168,15 @@ def hub_dataset_standin(cache: Path, repo_id: str, files: dict[str, str]) -> Pat
 
 @pytest.fixture
 def standin_weights(tmp_path_factory, monkeypatch) -> Path:
-    """A scratch HF cache holding SD3.5 Medium, FLUX.1-dev and Wan2.1-T2V-1.3B, and a scratch ``$RLPOST_MODELS``
-    holding the reward checkpoints."""
+    """A scratch HF cache holding SD3.5 Medium, FLUX.1-dev, Wan2.1-T2V-1.3B and Qwen-Image, and a scratch
+    ``$RLPOST_MODELS`` holding the reward checkpoints."""
     import huggingface_hub.constants
 
     root = tmp_path_factory.mktemp("standin-weights")
     hub_cache_standin(root / "hub", SD35_MEDIUM)
     hub_cache_standin(root / "hub", FLUX1_DEV, write_flux_standin)
     hub_cache_standin(root / "hub", WAN21_T2V_1_3B, write_wan_standin)
+    hub_cache_standin(root / "hub", QWEN_IMAGE, write_qwenimage_standin)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root / "hub"))
     models = root / "models"
     models.mkdir()

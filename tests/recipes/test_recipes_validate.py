@@ -23,6 +23,7 @@ from rlpost.engine.recipe import RecipeError, merge_sources, validate
 from rlpost.models.flux import FluxPolicy
 from rlpost.models.sd3 import SD3Policy
 from rlpost.models.wan import WanPolicy
+from rlpost_qwenimage.policy import QwenImagePolicy
 from tests.weights_standins import hub_dataset_standin, standin_weights  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def host() -> PluginHost:
 
 @pytest.fixture(autouse=True)
 def no_weights(monkeypatch):
-    for policy in (SD3Policy, FluxPolicy, WanPolicy):
+    for policy in (SD3Policy, FluxPolicy, WanPolicy, QwenImagePolicy):
         monkeypatch.setattr(policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
 
 
@@ -192,3 +193,14 @@ def test_wan_recipes_say_what_they_need_and_check_the_released_geometry(recipe, 
     with pytest.raises(RecipeError) as info:
         validate(bad, host)
     assert {p.split(":")[0] for p in info.value.problems} == {"model.init_args.num_frames", "model.init_args.height"}
+
+
+def test_qwenimage_recipe_checks_resolution_against_the_cached_vae(scratch, monkeypatch, capsys):
+    """recipes/treegrpo_qwenimage.yaml reads the VAE factor from the cached Qwen/Qwen-Image snapshot's config (8, x2
+    for the 2x2 packing): 520 px is refused naming the field, exit 2, before any weight loads."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    recipe = ROOT / "recipes" / "treegrpo_qwenimage.yaml"
+    scratch(recipe)
+    assert cli.main(["validate", "--recipe", str(recipe), "--model.resolution", "520"]) == 2
+    assert "model.init_args.resolution: 520 is not a multiple of 16" in capsys.readouterr().err
+    assert cli.main(["validate", "--recipe", str(recipe), "--model.resolution", "1328"]) == 0, capsys.readouterr().err

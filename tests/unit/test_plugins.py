@@ -93,6 +93,8 @@ def test_first_party_plugins_load_through_entry_points():
         assert infos[name].distribution == "rlpost"
         assert infos[name].status == "ok", f"{name}: {infos[name].error}"
         assert infos[name].components, f"{name} registered no component"
+    # A model family as a plugin (plugins/rlpost_qwenimage): exactly its adapter, credited to it.
+    assert infos["qwenimage"].components == ["model:qwen-image"]
 
 
 def test_tests_never_autoload_third_party_plugins(monkeypatch, site):

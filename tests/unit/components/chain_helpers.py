@@ -92,6 +92,23 @@ def check_end_to_end(lines: list[dict[str, Any]], probe: WeightProbe) -> None:
     assert changed > 0, "no trainable parameter changed after two iterations"
 
 
+def check_recipe_trains_two_steps(
+    recipe: str, model_dir: Path, out: Path, model: str, class_path: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Train a tiny recipe on ``model`` (its ``model.class_path``) two steps on ``model_dir`` through the CLI, check
+    the run end to end and that it used ``class_path`` on that directory; returns the metrics lines and the stored
+    recipe's ``model`` section."""
+    import yaml
+
+    assert yaml.safe_load(Path(recipe).read_text())["model"]["class_path"] == model
+    lines, probe = train_two_iterations(recipe, model_dir, out)
+    check_end_to_end(lines, probe)  # finite metrics, ratio 1 before the first update, weights moved
+    stored: dict[str, Any] = yaml.safe_load((out / "recipe.yaml").read_text())["model"]
+    assert stored["class_path"] == class_path  # the run really used this family
+    assert stored["init_args"]["pretrained"] == str(model_dir)
+    return lines, stored
+
+
 def perturb_lora(policy: Any, seed: int = 0) -> None:
     """Give the LoRA B matrices random values so the adapter changes the velocity (B starts at zero)."""
     gen = torch.Generator().manual_seed(seed)

@@ -20,7 +20,7 @@ from rlpost.engine.recipe import RecipeError, validate
 from rlpost.engine.runner import Runner
 from tests import toy_components
 from tests.tolerances import assert_pixels_close
-from tests.unit.components.chain_helpers import check_end_to_end, train_two_iterations
+from tests.unit.components.chain_helpers import check_recipe_trains_two_steps
 
 ROOT = Path(__file__).resolve().parents[3]
 PROMPTS = ["a red cube", "a blue sphere"]
@@ -41,13 +41,8 @@ ALGORITHMS = {
 
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_two_steps_on_tiny_flux(algorithm: str, tiny_flux_dir: Path, tmp_path: Path) -> None:
-    recipe = ALGORITHMS[algorithm]
-    assert yaml.safe_load((ROOT / recipe).read_text())["model"]["class_path"] == "flux"
-    lines, probe = train_two_iterations(recipe, tiny_flux_dir, tmp_path / "run")
-    check_end_to_end(lines, probe)  # finite metrics, ratio 1 before the first update, weights moved
-    stored = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
-    assert stored["model"]["class_path"] == "rlpost.models.flux.FluxPolicy"  # the run really used FLUX
-    assert stored["model"]["init_args"]["pretrained"] == str(tiny_flux_dir)
+    flux = "rlpost.models.flux.FluxPolicy"
+    lines, _ = check_recipe_trains_two_steps(ALGORITHMS[algorithm], tiny_flux_dir, tmp_path / "run", "flux", flux)
     if algorithm == "dancegrpo":
         # 2 groups x 4 samples x 4 steps, one forward each (no CFG doubling); 3 SDE steps trained per sample.
         assert lines[0]["perf/rollout_forwards"] == 2 * 4 * 4
