@@ -49,7 +49,7 @@ def test_valid_fixture_validates(capsys):
     assert cli.main(["validate", "--recipe", str(RECIPES / "valid.yaml")]) == 0
     err = capsys.readouterr().err
     assert "recipe OK" in err
-    assert "images per step" in err and "54" in err  # 2 groups x 27 leaves
+    assert "samples per step" in err and "54" in err  # 2 groups x 27 leaves
     assert "trainable edges per step" in err and "78" in err  # 2 x (3 + 9 + 27)
 
 

@@ -172,6 +172,29 @@ CASES = [
         },
     ),
     Case(
+        "wan-upstream-frames",
+        [
+            *("--recipe", "recipes/dancegrpo_wan21_1.3b.yaml", "--model.pretrained", "/path/to/dir"),
+            *("--model.num_frames", "1", "--model.height", "512", "--model.width", "512"),
+            *("--reward_frames.reduction", "mean"),
+        ],
+        {
+            "model.init_args.pretrained": "/path/to/dir",
+            "model.init_args.num_frames": 1,
+            "model.init_args.height": 512,
+            "model.init_args.width": 512,
+            "reward_frames.reduction": "mean",
+        },
+    ),
+    Case(
+        "qwenimage-weights",
+        [
+            *("--recipe", "recipes/treegrpo_qwenimage.yaml", "--model.pretrained", "/path/to/Qwen-Image"),
+            *("--model.resolution", "30"),  # parsed here; refused by validation (docs/models.md)
+        ],
+        {"model.init_args.pretrained": "/path/to/Qwen-Image", "model.init_args.resolution": 30},
+    ),
+    Case(
         "whole-components",
         [
             *("--recipe", TINY, "--optimizer", "clipped-surrogate", "--advantage", "tree-backup"),

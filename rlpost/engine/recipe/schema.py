@@ -326,7 +326,7 @@ class Recipe:
         c = self.counts()
         return {
             "groups per step": self.run.groups_per_step,
-            "images per step": c.images,
+            "samples per step": c.images,  # images, or videos for a video model
             "trainable edges per step": c.trainable_edges,
             "NFE per step (rollout)": c.rollout_forwards,
             "NFE per step (training, fwd+bwd)": c.train_forwards,
