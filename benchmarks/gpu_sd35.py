@@ -120,8 +120,13 @@ def build_random_sd35(out_dir: Path, num_layers: int | None = None, device: str 
     clip_tok, vocab, t5_tok = sd3_tokenizers(clip_merges=1000, clip_max_length=77, t5_max_length=256)
 
     def clip(hidden: int, heads: int) -> dict[str, int]:
-        return dict(hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=heads, num_hidden_layers=1,
-                    projection_dim=hidden)
+        return dict(
+            hidden_size=hidden,
+            intermediate_size=4 * hidden,
+            num_attention_heads=heads,
+            num_hidden_layers=1,
+            projection_dim=hidden,
+        )
 
     torch.manual_seed(0)
     with torch.device(device):

@@ -114,7 +114,8 @@ def _validated_algorithms(spec: bench.BenchSpec) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("path", SUB_BENCHES, ids=lambda p: p.name)
 def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The focused digits benches (recipes/bench/digits/*_bench.yaml) validate like the main one; an arm that adds
-    prompt selection, a std floor, an LR decay, a KL term, torch.compile or overlap differs from its plain arm only there."""
+    prompt selection, a std floor, an LR decay, a KL term, torch.compile or overlap differs from its plain arm only
+    there."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
     spec = bench.load_bench(str(path))

@@ -6,8 +6,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from rlpost import RewardSource
-from rlpost import hookimpl
+from rlpost import RewardSource, hookimpl
 
 
 class Brightness(RewardSource):

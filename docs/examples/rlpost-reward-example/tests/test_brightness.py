@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import rlpost_reward_example
 import torch
-from rlpost.testing import check_reward_source
 from rlpost_reward_example import Brightness
+
+from rlpost.testing import check_reward_source
 
 
 def test_brightness_scores_and_registers() -> None:
