@@ -7,7 +7,7 @@
 #      transformer blocks for rollout and update, channels-last VAE; the ratio guard runs before training), each arm in
 #      its own process so that its peak GPU memory is its own (benchmarks/gpu_speed.py says what is substituted);
 #   3. Wan2.1-T2V-1.3B architecture (random weights, WAN_VIDEO frames x height x width, default 33x480x832): TreeGRPO
-#      (paper preset) and DanceGRPO. Until the media contract of issue #23 lands these arms record "skipped";
+#      (paper preset) and DanceGRPO;
 #   4. OUT/device_check.{json,md}: s/iter, rollout vs update seconds, set-up (incl. compilation and the guard), the
 #      guard's max |ratio - 1|, peak memory (rollout / update), DanceGRPO/TreeGRPO ratios and what the speed-ups
 #      bought; copied to DOCS_OUT (default docs/benchmarks/gpu) as <gpu>_speedups.{md,json} with the tests' log.

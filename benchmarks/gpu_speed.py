@@ -39,8 +39,7 @@ Wan presets (``*-wan``) take the SD3.5 preset's algorithm settings (sampler, adv
 fine-tuning, gradient checkpointing) with the model swapped for a random-weight Wan2.1-T2V-1.3B
 (:func:`gpu_wan.build_random_wan21`) at ``--video FRAMESxHEIGHTxWIDTH`` (default 33x480x832), CFG 5.0, 512 text
 tokens, and fewer rows per forward and per minibatch (:data:`WAN_LAYOUT`: a 33-frame 480x832 video is 14,040
-transformer tokens). Training a video model needs the media contract of issue #23 (``Rollout.media``); before it
-lands a Wan ``run`` writes a record saying it was skipped, and the report lists it as such.
+transformer tokens).
 """
 
 from __future__ import annotations
@@ -107,13 +106,6 @@ def parse_arm(arm: str) -> tuple[str, bool, int | None]:
     if preset not in PRESETS or (plus and fast != "fast") or (groups and not groups.isdigit()):
         raise ValueError(f"{arm!r}: expected PRESET[+fast][@GROUPS] with PRESET one of {sorted(PRESETS)}")
     return preset, bool(plus), int(groups) if groups else None
-
-
-def media_contract_ready() -> bool:
-    """Whether rollouts carry frames (``Rollout.media``, issue #23), which training a video model needs."""
-    from rlpost.core.contract import Rollout
-
-    return "media" in {f.name for f in dataclasses.fields(Rollout)}
 
 
 def paper_s_per_iter() -> dict[str, float]:
@@ -226,15 +218,6 @@ def _accelerate_pairs(pairs: list[str] | None) -> dict[str, Any] | None:
     return out
 
 
-def _skipped(ns: argparse.Namespace, reason: str) -> int:
-    preset, _, _ = parse_arm(ns.preset)
-    record = {"preset": ns.preset, "label": PRESETS[preset]["label"], "recipe": PRESETS[preset]["recipe"]}
-    Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(ns.out).write_text(json.dumps(record | {"skipped": reason}, indent=1))
-    print(f"{ns.preset}: skipped ({reason})")
-    return 0
-
-
 def cmd_run(ns: argparse.Namespace) -> int:
     """Time ``--iterations`` steps of one arm and write a JSON record."""
     from rlpost.apps.host import get_host
@@ -246,8 +229,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if not cuda and not ns.allow_cpu:
         print("gpu_speed.py run: no CUDA device (--allow-cpu runs a plumbing smoke test)", file=sys.stderr)
         return 1
-    if PRESETS[preset].get("family") == "wan" and not media_contract_ready():
-        return _skipped(ns, "training a video model needs the media contract of issue #23 (Rollout.media)")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     accelerate = _accelerate_pairs(ns.accelerate)
     with tempfile.TemporaryDirectory() as tmp:

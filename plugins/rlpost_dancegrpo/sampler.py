@@ -23,6 +23,7 @@ never reaches the reward (hence its ``--ignore_last`` flag). Here:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -44,6 +45,7 @@ from rlpost import (
     last_steps_problems,
     make_kernel,
     random_step_subset,
+    rollout_chain_groups,
     rollout_chains,
 )
 
@@ -178,6 +180,14 @@ class DanceGRPOSampler(Sampler):
         same = self.init_same_noise
         return rollout_chains(
             policy, batch, generator, self.num_steps, self.plan, same, self.chunk_size, self.logprob_reduction
+        )
+
+    def rollout_groups(self, policy: Policy, batch: PromptBatch, generators: Sequence[torch.Generator]) -> Rollout:
+        """Every group's chains in one batch, group ``j`` drawing from ``generators[j]`` what :meth:`rollout` of it
+        alone draws (:func:`rlpost.rollout_chain_groups`)."""
+        same = self.init_same_noise
+        return rollout_chain_groups(
+            policy, batch, generators, self.num_steps, self.plan, same, self.chunk_size, self.logprob_reduction
         )
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:

@@ -22,6 +22,7 @@ checks every default against DDIM (η = 1) on the same grid and model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -43,6 +44,7 @@ from rlpost import (
     last_steps_problems,
     make_kernel,
     random_step_subset,
+    rollout_chain_groups,
     rollout_chains,
 )
 
@@ -154,6 +156,13 @@ class DDPOSampler(Sampler):
         """Sample one independent chain per image (``G·K`` images), batched."""
         return rollout_chains(
             policy, batch, generator, self.num_steps, self.plan, False, self.chunk_size, self.logprob_reduction
+        )
+
+    def rollout_groups(self, policy: Policy, batch: PromptBatch, generators: Sequence[torch.Generator]) -> Rollout:
+        """Every group's chains in one batch, group ``j`` drawing from ``generators[j]`` what :meth:`rollout` of it
+        alone draws (:func:`rlpost.rollout_chain_groups`)."""
+        return rollout_chain_groups(
+            policy, batch, generators, self.num_steps, self.plan, False, self.chunk_size, self.logprob_reduction
         )
 
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:

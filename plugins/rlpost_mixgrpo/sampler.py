@@ -16,6 +16,7 @@ The last step always lies outside the window (windows end before ``T - 2``), so 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -174,15 +175,29 @@ class MixGRPOSampler(Sampler):
 
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
         """Sample every chain with the step's window (the scheduler is not advanced here: see :meth:`begin_step`)."""
+        noise = shared_or_independent_noise(
+            policy, batch.num_groups, batch.samples_per_group, generator, self.init_same_noise
+        )
+        return self._run(policy, batch, generator, noise)
+
+    def rollout_groups(self, policy: Policy, batch: PromptBatch, generators: Sequence[torch.Generator]) -> Rollout:
+        """Every group's chains in one batch, group ``j`` drawing from ``generators[j]`` what :meth:`rollout` of it
+        alone draws (its initial noise, then its rows of each window step's noise; the plan draws nothing)."""
+        if len(generators) != batch.num_groups:
+            raise ValueError(f"rollout_groups: {batch.num_groups} groups but {len(generators)} generators")
+        k, same = batch.samples_per_group, self.init_same_noise
+        noise = torch.cat([shared_or_independent_noise(policy, 1, k, g, same) for g in generators])
+        return self._run(policy, batch, generators, noise)
+
+    def _run(
+        self, policy: Policy, batch: PromptBatch, generator: torch.Generator | Sequence[torch.Generator], noise: Tensor
+    ) -> Rollout:
         s = batch.num_groups * batch.samples_per_group
         window = self.scheduler.window()
         sigmas, kinds = self.schedule(policy.sigmas(self.num_steps), window)
         trainable = torch.zeros((s, len(kinds)), dtype=torch.bool)
         trainable[:, window[0] : window[1]] = True
         plan = ChainPlan(sigmas, ["flow-sde", "ode", DPM_SOLVER], self._kernels, kinds, trainable)
-        noise = shared_or_independent_noise(
-            policy, batch.num_groups, batch.samples_per_group, generator, self.init_same_noise
-        )
         rollout = run_chains(policy, batch, generator, plan, noise, self.chunk_size, self.logprob_reduction)
         rollout.stats["sampler/window_start"] = float(window[0])
         return rollout

@@ -176,7 +176,7 @@ def run_result(state: AlgoState, calib: Calibration) -> dict[str, Any]:
         "overhead_fraction": overhead / mean_wall if mean_wall else math.nan,
         "predicted_s_per_iter": predict_seconds(state.recipe, calib),
         "peak_mem_gb": max(peaks) if peaks else None,
-        "speedups": state.recipe.run.accelerate.enabled(),
+        "speedups": state.recipe.run.accelerate.labels(),
         "ratio_guard": state.runner.ratio_check.as_dict() if state.runner.ratio_check is not None else None,
         "evals": state.evals,
         "iters": [vars(r) for r in iters],

@@ -185,8 +185,9 @@ def _speedup_lines(algos: dict[str, Any]) -> list[str]:
     for a in algos.values():
         guard = a.get("ratio_guard")
         speedups = ", ".join(a.get("speedups") or []) or "none"
-        if guard is None:
-            lines.append(f"| {a['label']} | {a['preset']} | {speedups} | – | – | – | – |")
+        if guard is None:  # no speed-up, or only overlap, which changes no ratio (docs/speed.md)
+            why = "not run (changes no ratio)" if a.get("speedups") else "–"
+            lines.append(f"| {a['label']} | {a['preset']} | {speedups} | {why} | – | – | – |")
             continue
         seeds = ", ".join(f"{v:.2g}" for v in guard["per_seed"])
         lines.append(

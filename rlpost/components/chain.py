@@ -15,8 +15,8 @@ does this edge lead to" from the edge table alone (:func:`edge_sample_ids`), wit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -37,6 +37,7 @@ __all__ = [
     "last_steps_problems",
     "node_sample_ids",
     "random_step_subset",
+    "rollout_chain_groups",
     "rollout_chains",
     "run_chains",
     "shared_or_independent_noise",
@@ -139,7 +140,7 @@ def random_step_subset(
 def run_chains(
     policy: Policy,
     batch: PromptBatch,
-    generator: torch.Generator,
+    generator: torch.Generator | Sequence[torch.Generator],
     plan: ChainPlan,
     noise: Tensor,
     chunk_size: int,
@@ -153,7 +154,8 @@ def run_chains(
     Args:
         policy: The policy (already set up).
         batch: Prompt groups; ``batch.samples_per_group`` chains each.
-        generator: RNG for the step noise.
+        generator: RNG for the step noise: one for the batch, or one per group (group ``j``'s ``K`` rows of every
+            step drawn from ``generator[j]``, what a one-group run with it draws: :func:`rollout_chain_groups`).
         plan: Per-step kernels and trainable flags (``plan.trainable`` has ``S`` rows).
         noise: ``[S, *latent_shape]`` initial states.
         chunk_size: Maximum rows per denoiser forward and per VAE decode.
@@ -168,6 +170,9 @@ def run_chains(
         raise ValueError(
             f"run_chains: {s} chains but noise has {noise.shape[0]} rows and the plan {plan.trainable.shape[0]}"
         )
+    per_group = not isinstance(generator, torch.Generator)
+    if per_group and len(generator) != g:
+        raise ValueError(f"run_chains: {g} groups but {len(generator)} generators")
     device = policy.device
     groups = torch.arange(g).repeat_interleave(k)
     cond = policy.encode(batch.prompts)
@@ -198,7 +203,7 @@ def run_chains(
             prev_sigma, prev_x0 = None, None
             z = None
             if kernel.stochastic:
-                z = torch.randn(x.shape, generator=generator, device=generator.device).to(device, torch.float32)
+                z = _step_noise(x.shape, generator, k).to(device, torch.float32)
             out = kernel.step(x, v, sigma, sigma_next, generator=None, reduction=reduction, noise=z)
             x_next, log_prob = out.next_latents, out.log_prob
         child = builder.add_nodes(x_next, i + 1, groups)
@@ -230,6 +235,44 @@ def rollout_chains(
     noise = shared_or_independent_noise(policy, batch.num_groups, batch.samples_per_group, generator, shared_noise)
     chains = plan(policy.sigmas(num_steps), s, generator)
     return run_chains(policy, batch, generator, chains, noise, chunk_size, reduction)
+
+
+def rollout_chain_groups(
+    policy: Policy,
+    batch: PromptBatch,
+    generators: Sequence[torch.Generator],
+    num_steps: int,
+    plan: Callable[[Tensor, int, torch.Generator], ChainPlan],
+    shared_noise: bool,
+    chunk_size: int,
+    reduction: LogProbReduction,
+) -> Rollout:
+    """:func:`rollout_chains` of every group with its own generator (``Sampler.rollout_groups``), in one batch.
+
+    Group ``j`` draws from ``generators[j]`` exactly what :func:`rollout_chains` of that group alone draws, in the same
+    order (its initial noise, its plan's rows, its ``K`` rows of step noise per stochastic step); only the forwards
+    run over all groups at once, so the result equals one rollout per group up to floating-point batch effects and
+    the order of edge rows, with ``G`` times fewer transformer calls.
+
+    Raises:
+        ValueError: When the number of generators differs from the number of groups.
+    """
+    g, k = batch.num_groups, batch.samples_per_group
+    if len(generators) != g:
+        raise ValueError(f"rollout_groups: {g} groups but {len(generators)} generators")
+    noise = torch.cat([shared_or_independent_noise(policy, 1, k, gen, shared_noise) for gen in generators])
+    sigmas = policy.sigmas(num_steps)
+    plans = [plan(sigmas, k, gen) for gen in generators]
+    merged = replace(plans[0], trainable=torch.cat([p.trainable for p in plans]))
+    return run_chains(policy, batch, generators, merged, noise, chunk_size, reduction)
+
+
+def _step_noise(shape: torch.Size, generator: torch.Generator | Sequence[torch.Generator], per_group: int) -> Tensor:
+    """One step's standard normals: from one generator, or group-major blocks of ``per_group`` rows per generator."""
+    if isinstance(generator, torch.Generator):
+        return torch.randn(shape, generator=generator, device=generator.device)
+    rows = (per_group, *shape[1:])
+    return torch.cat([torch.randn(rows, generator=gen, device=gen.device) for gen in generator])
 
 
 def chain_counts(num_groups: int, samples_per_group: int, num_steps: int, train_steps: int) -> StepCounts:

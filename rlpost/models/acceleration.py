@@ -148,6 +148,11 @@ class AccelerateConfig:
             out.append(f"autocast={self.autocast} ({self.autocast_scope})")
         return out
 
+    def labels(self) -> list[str]:
+        """Every setting that is on, for reports: :meth:`enabled` plus ``overlap_groups``, which changes no ratio
+        (so the guard does not run for it) but does change the step's time."""
+        return self.enabled() + ([f"overlap_groups={self.overlap_groups}"] if self.overlap_groups else [])
+
     def problems(self, device: str = "auto") -> list[str]:
         """Range problems, each naming its field relative to ``run`` (``accelerate.<field>``), for ``run.device``
         ``device``: CUDA-only speed-ups are refused on a CPU run."""

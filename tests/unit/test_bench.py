@@ -379,7 +379,8 @@ def test_aggregate_over_seeds_equal_iterations_wall_time_levels_and_ratios() -> 
 
 
 def test_report_gives_each_arms_speedups_and_guard_error() -> None:
-    """Per arm: the speed-ups that were on and the ratio guard's max |ratio - 1| over seeds (plain arms: none)."""
+    """Per arm: the speed-ups that were on and the ratio guard's max |ratio - 1| over seeds (plain arms: none; an
+    overlap-only arm: named, its guard not run)."""
     runs = []
     for seed, error in enumerate([2e-9, 5e-9, 3e-9]):
         fast = _run("fast", seed, [0, 5], {"eval/r": [0.5, 0.6]}, 1.0 + 0.01 * seed)
@@ -387,7 +388,9 @@ def test_report_gives_each_arms_speedups_and_guard_error() -> None:
         guard |= {"tolerance": 1e-3, "seconds": 20.0, "passed": True}
         runs.append({**fast, "speedups": ["compile=both"], "ratio_guard": guard})
         runs.append({**_run("ref", seed, [0, 5], {"eval/r": [0.5, 0.6]}, 2.0), "speedups": [], "ratio_guard": None})
-    result = _result(runs, ["fast"], "ref")
+        overlap = _run("ovl", seed, [0, 5], {"eval/r": [0.5, 0.6]}, 3.0)  # changes no ratio: no guard
+        runs.append({**overlap, "speedups": ["overlap_groups=1"], "ratio_guard": None})
+    result = _result(runs, ["fast", "ovl"], "ref")
     guard = result["algorithms"]["fast"]["ratio_guard"]
     assert guard["max_error"] == 5e-9 and guard["per_seed"] == [2e-9, 5e-9, 3e-9] and guard["tolerance"] == 1e-3
     assert result["algorithms"]["ref"]["ratio_guard"] is None
@@ -397,6 +400,7 @@ def test_report_gives_each_arms_speedups_and_guard_error() -> None:
     assert "## Speed-ups and the ratio guard" in md
     assert "| FAST | fast-preset | compile=both | 5e-09 | 2e-09, 5e-09, 3e-09 | 0.001 | 20.0 |" in md
     assert "| REF | ref-preset | none | – | – | – | – |" in md
+    assert "| OVL | ovl-preset | overlap_groups=1 | not run (changes no ratio) | – | – | – |" in md
     plain = _result([r for r in runs if r["algorithm"] == "ref"], [], "ref")  # no arm with a speed-up: no section
     md = bench.markdown(
         {**plain, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}

@@ -50,7 +50,15 @@ def _restore_attention_backend() -> Iterator[None]:
 def test_defaults_are_off_and_valid() -> None:
     settings = AccelerateConfig()
     assert settings.enabled() == [] and settings.problems("cpu") == []
-    assert settings.ratio_tolerance == 1e-3
+    assert settings.ratio_tolerance == 1e-3 and settings.labels() == []
+
+
+def test_overlap_is_labelled_for_reports_but_does_not_wake_the_guard() -> None:
+    """``enabled()`` (what the guard checks) leaves overlap out (it changes no ratio); ``labels()`` names it."""
+    settings = AccelerateConfig(compile="both", overlap_groups=2)
+    assert settings.enabled() == ["compile=both (regional, mode default)"]
+    assert settings.labels() == ["compile=both (regional, mode default)", "overlap_groups=2"]
+    assert AccelerateConfig(overlap_groups=1).enabled() == []
 
 
 def test_gpu_only_speedups_are_refused_on_a_cpu_naming_the_field() -> None:
