@@ -9,6 +9,11 @@ group_rollouts`), rewards are batch independent (the conformance kit checks it),
 are those of one rollout of every group, up to floating-point batch effects (tests/unit/test_overlap.py). Rows
 counted by ``Policy.forward_count`` are the same; only the number of transformer calls grows.
 
+The worker scores with half of the process's intra-op CPU threads (at least one; ``torch.set_num_threads`` in a
+worker thread sets that thread's OpenMP team only): with a full team of its own, each concurrent CPU op of the worker
+oversubscribed the cores the sampler's ops were using, and on a 2-core machine a step with overlap took 2.2x as long
+as without it; with one worker thread the split alone is left (docs/speed.md).
+
 Hooks see the same order as without overlap (``rlpost_after_rollout`` before ``rlpost_after_rewards``), but both
 run after the whole step was sampled and scored, so an ``after_rollout`` hook can no longer change what is scored.
 """
@@ -36,7 +41,10 @@ def sample_and_score(
         Whatever sampling or ``score`` raised (a part's exception surfaces when its result is collected).
     """
     pending: list[tuple[Rollout, Future[RewardScores]]] = []
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlpost-overlap") as pool:
+    threads = max(1, torch.get_num_threads() // 2)
+    with ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="rlpost-overlap", initializer=torch.set_num_threads, initargs=(threads,)
+    ) as pool:
         for part in parts:  # sampling part i + 1 (this thread) overlaps scoring part i (the worker)
             pending.append((part, pool.submit(score, part)))
         scores = [future.result() for _, future in pending]

@@ -103,3 +103,31 @@ def test_bad_overlap_groups_are_a_recipe_problem(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match=r"run\.accelerate\.overlap_groups: must be >= 0"):
         validate(toy_recipe(str(tmp_path / "run"), accelerate={"overlap_groups": -1}), host)
     assert torch.is_grad_enabled()
+
+
+def test_the_worker_scores_with_half_the_threads_and_leaves_the_samplers_alone() -> None:
+    """The scoring thread gets half the intra-op threads (at least one); the calling thread keeps its own."""
+    from rlpost.core.contract import PromptBatch, RewardScores
+    from rlpost.engine.overlap import sample_and_score
+    from rlpost.ops.sampling import RolloutBuilder
+
+    def part(j: int) -> Any:
+        batch = PromptBatch([f"p{j}"], [{}], 1, group_offset=j)
+        builder = RolloutBuilder(batch, torch.linspace(1, 0, 2), ["ode"])
+        node = builder.add_nodes(torch.zeros(1, 1, 2, 2), 0, torch.zeros(1, dtype=torch.long))
+        return builder.build(node, torch.zeros(1, 1, 4, 4, 3, dtype=torch.uint8))
+
+    seen: list[int] = []
+
+    def score(rollout: Any) -> RewardScores:
+        seen.append(torch.get_num_threads())
+        return RewardScores(scores={"r": torch.ones(rollout.num_samples)}, weights={"r": 1.0})
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        merged, scores = sample_and_score((part(j) for j in range(3)), score)
+        assert seen == [1, 1, 1] and torch.get_num_threads() == 2
+        assert merged.num_samples == 3 and scores.scores["r"].tolist() == [1.0, 1.0, 1.0]
+    finally:
+        torch.set_num_threads(before)
