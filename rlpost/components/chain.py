@@ -170,8 +170,7 @@ def run_chains(
         raise ValueError(
             f"run_chains: {s} chains but noise has {noise.shape[0]} rows and the plan {plan.trainable.shape[0]}"
         )
-    per_group = not isinstance(generator, torch.Generator)
-    if per_group and len(generator) != g:
+    if not isinstance(generator, torch.Generator) and len(generator) != g:
         raise ValueError(f"run_chains: {g} groups but {len(generator)} generators")
     device = policy.device
     groups = torch.arange(g).repeat_interleave(k)
