@@ -45,7 +45,6 @@ from rlpost import (
     last_steps_problems,
     make_kernel,
     random_step_subset,
-    rollout_chain_groups,
     rollout_chains,
 )
 
@@ -184,9 +183,9 @@ class DanceGRPOSampler(Sampler):
 
     def rollout_groups(self, policy: Policy, batch: PromptBatch, generators: Sequence[torch.Generator]) -> Rollout:
         """Every group's chains in one batch, group ``j`` drawing from ``generators[j]`` what :meth:`rollout` of it
-        alone draws (:func:`rlpost.rollout_chain_groups`)."""
+        alone draws (:func:`rlpost.rollout_chains` with one generator per group)."""
         same = self.init_same_noise
-        return rollout_chain_groups(
+        return rollout_chains(
             policy, batch, generators, self.num_steps, self.plan, same, self.chunk_size, self.logprob_reduction
         )
 

@@ -44,7 +44,6 @@ from rlpost import (
     last_steps_problems,
     make_kernel,
     random_step_subset,
-    rollout_chain_groups,
     rollout_chains,
 )
 
@@ -160,8 +159,8 @@ class DDPOSampler(Sampler):
 
     def rollout_groups(self, policy: Policy, batch: PromptBatch, generators: Sequence[torch.Generator]) -> Rollout:
         """Every group's chains in one batch, group ``j`` drawing from ``generators[j]`` what :meth:`rollout` of it
-        alone draws (:func:`rlpost.rollout_chain_groups`)."""
-        return rollout_chain_groups(
+        alone draws (:func:`rlpost.rollout_chains` with one generator per group)."""
+        return rollout_chains(
             policy, batch, generators, self.num_steps, self.plan, False, self.chunk_size, self.logprob_reduction
         )
 

@@ -175,23 +175,19 @@ class MixGRPOSampler(Sampler):
 
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
         """Sample every chain with the step's window (the scheduler is not advanced here: see :meth:`begin_step`)."""
-        noise = shared_or_independent_noise(
-            policy, batch.num_groups, batch.samples_per_group, generator, self.init_same_noise
-        )
-        return self._run(policy, batch, generator, noise)
+        return self._run(policy, batch, generator)
 
     def rollout_groups(self, policy: Policy, batch: PromptBatch, generators: Sequence[torch.Generator]) -> Rollout:
         """Every group's chains in one batch, group ``j`` drawing from ``generators[j]`` what :meth:`rollout` of it
         alone draws (its initial noise, then its rows of each window step's noise; the plan draws nothing)."""
-        if len(generators) != batch.num_groups:
-            raise ValueError(f"rollout_groups: {batch.num_groups} groups but {len(generators)} generators")
-        k, same = batch.samples_per_group, self.init_same_noise
-        noise = torch.cat([shared_or_independent_noise(policy, 1, k, g, same) for g in generators])
-        return self._run(policy, batch, generators, noise)
+        return self._run(policy, batch, generators)
 
     def _run(
-        self, policy: Policy, batch: PromptBatch, generator: torch.Generator | Sequence[torch.Generator], noise: Tensor
+        self, policy: Policy, batch: PromptBatch, generator: torch.Generator | Sequence[torch.Generator]
     ) -> Rollout:
+        noise = shared_or_independent_noise(
+            policy, batch.num_groups, batch.samples_per_group, generator, self.init_same_noise
+        )
         s = batch.num_groups * batch.samples_per_group
         window = self.scheduler.window()
         sigmas, kinds = self.schedule(policy.sigmas(self.num_steps), window)

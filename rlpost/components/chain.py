@@ -37,7 +37,6 @@ __all__ = [
     "last_steps_problems",
     "node_sample_ids",
     "random_step_subset",
-    "rollout_chain_groups",
     "rollout_chains",
     "run_chains",
     "shared_or_independent_noise",
@@ -92,10 +91,22 @@ class ChainPlan:
 
 
 def shared_or_independent_noise(
-    policy: Policy, num_groups: int, samples_per_group: int, generator: torch.Generator, shared: bool
+    policy: Policy,
+    num_groups: int,
+    samples_per_group: int,
+    generator: torch.Generator | Sequence[torch.Generator],
+    shared: bool,
 ) -> Tensor:
     """Initial noise for ``G·K`` chains, group-major: one draw per group repeated ``K`` times when ``shared``
-    (DanceGRPO's ``--init_same_noise``, ``fastvideo/train_grpo_flux.py``@15cc71d), else one draw per chain."""
+    (DanceGRPO's ``--init_same_noise``, ``fastvideo/train_grpo_flux.py``@15cc71d), else one draw per chain. With one
+    generator per group, group ``j``'s rows are what a one-group call with ``generator[j]`` draws.
+
+    Raises:
+        ValueError: When a list of generators does not hold one per group.
+    """
+    if not isinstance(generator, torch.Generator):
+        _check_generators(generator, num_groups)
+        return torch.cat([shared_or_independent_noise(policy, 1, samples_per_group, g, shared) for g in generator])
     if shared:
         return policy.initial_noise(num_groups, generator).repeat_interleave(samples_per_group, dim=0)
     return policy.initial_noise(num_groups * samples_per_group, generator)
@@ -155,7 +166,7 @@ def run_chains(
         policy: The policy (already set up).
         batch: Prompt groups; ``batch.samples_per_group`` chains each.
         generator: RNG for the step noise: one for the batch, or one per group (group ``j``'s ``K`` rows of every
-            step drawn from ``generator[j]``, what a one-group run with it draws: :func:`rollout_chain_groups`).
+            step drawn from ``generator[j]``, what a one-group run with it draws: :func:`rollout_chains`).
         plan: Per-step kernels and trainable flags (``plan.trainable`` has ``S`` rows).
         noise: ``[S, *latent_shape]`` initial states.
         chunk_size: Maximum rows per denoiser forward and per VAE decode.
@@ -170,8 +181,7 @@ def run_chains(
         raise ValueError(
             f"run_chains: {s} chains but noise has {noise.shape[0]} rows and the plan {plan.trainable.shape[0]}"
         )
-    if not isinstance(generator, torch.Generator) and len(generator) != g:
-        raise ValueError(f"run_chains: {g} groups but {len(generator)} generators")
+    _check_generators(generator, g)
     device = policy.device
     groups = torch.arange(g).repeat_interleave(k)
     cond = policy.encode(batch.prompts)
@@ -220,7 +230,7 @@ def run_chains(
 def rollout_chains(
     policy: Policy,
     batch: PromptBatch,
-    generator: torch.Generator,
+    generator: torch.Generator | Sequence[torch.Generator],
     num_steps: int,
     plan: Callable[[Tensor, int, torch.Generator], ChainPlan],
     shared_noise: bool,
@@ -229,41 +239,30 @@ def rollout_chains(
 ) -> Rollout:
     """One rollout of ``G·K`` independent chains of ``num_steps`` steps (DanceGRPO, DDPO): initial noise first (see
     :func:`shared_or_independent_noise`), then ``plan(sigmas, G·K, generator)``, then :func:`run_chains`. The draw
-    order from ``generator`` is fixed: noise, then whatever ``plan`` draws, then the chains' step noise."""
-    s = batch.num_groups * batch.samples_per_group
-    noise = shared_or_independent_noise(policy, batch.num_groups, batch.samples_per_group, generator, shared_noise)
-    chains = plan(policy.sigmas(num_steps), s, generator)
+    order from ``generator`` is fixed: noise, then whatever ``plan`` draws, then the chains' step noise.
+
+    With one generator per group (``Sampler.rollout_groups``), group ``j`` draws from ``generator[j]`` exactly what a
+    rollout of that group alone draws, in the same order (its noise, its ``K`` plan rows, its ``K`` rows of each
+    step's noise); the forwards still run over all groups at once, so the result equals one rollout per group up to
+    floating-point batch effects and the order of edge rows, with ``G`` times fewer transformer calls.
+
+    Raises:
+        ValueError: When a list of generators does not hold one per group.
+    """
+    k = batch.samples_per_group
+    noise = shared_or_independent_noise(policy, batch.num_groups, k, generator, shared_noise)
+    sigmas = policy.sigmas(num_steps)
+    if isinstance(generator, torch.Generator):
+        chains = plan(sigmas, batch.num_groups * k, generator)
+    else:
+        plans = [plan(sigmas, k, g) for g in generator]
+        chains = replace(plans[0], trainable=torch.cat([p.trainable for p in plans]))
     return run_chains(policy, batch, generator, chains, noise, chunk_size, reduction)
 
 
-def rollout_chain_groups(
-    policy: Policy,
-    batch: PromptBatch,
-    generators: Sequence[torch.Generator],
-    num_steps: int,
-    plan: Callable[[Tensor, int, torch.Generator], ChainPlan],
-    shared_noise: bool,
-    chunk_size: int,
-    reduction: LogProbReduction,
-) -> Rollout:
-    """:func:`rollout_chains` of every group with its own generator (``Sampler.rollout_groups``), in one batch.
-
-    Group ``j`` draws from ``generators[j]`` exactly what :func:`rollout_chains` of that group alone draws, in the same
-    order (its initial noise, its plan's rows, its ``K`` rows of step noise per stochastic step); only the forwards
-    run over all groups at once, so the result equals one rollout per group up to floating-point batch effects and
-    the order of edge rows, with ``G`` times fewer transformer calls.
-
-    Raises:
-        ValueError: When the number of generators differs from the number of groups.
-    """
-    g, k = batch.num_groups, batch.samples_per_group
-    if len(generators) != g:
-        raise ValueError(f"rollout_groups: {g} groups but {len(generators)} generators")
-    noise = torch.cat([shared_or_independent_noise(policy, 1, k, gen, shared_noise) for gen in generators])
-    sigmas = policy.sigmas(num_steps)
-    plans = [plan(sigmas, k, gen) for gen in generators]
-    merged = replace(plans[0], trainable=torch.cat([p.trainable for p in plans]))
-    return run_chains(policy, batch, generators, merged, noise, chunk_size, reduction)
+def _check_generators(generator: torch.Generator | Sequence[torch.Generator], num_groups: int) -> None:
+    if not isinstance(generator, torch.Generator) and len(generator) != num_groups:
+        raise ValueError(f"{num_groups} groups but {len(generator)} generators (one per group)")
 
 
 def _step_noise(shape: torch.Size, generator: torch.Generator | Sequence[torch.Generator], per_group: int) -> Tensor:
