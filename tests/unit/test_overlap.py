@@ -4,7 +4,6 @@ scored while the next part samples, and the results are those of sampling the st
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -57,12 +56,15 @@ def test_overlap_gives_the_rewards_and_advantages_of_one_part(tmp_path: Path) ->
 
 
 WATCH: dict[str, Any] = {}
+# Generous: each wait ends as soon as the other thread gets there; it only runs out when the overlap is broken.
+HANDSHAKE_S = 120.0
 
 
 class WaitsForTheNextPart(RewardSource):
-    """Scores like ``toy-brightness``; its first call returns only once the policy has run more denoiser rows than
-    when the call began: under overlap the next part samples meanwhile, without it the call would wait forever (the
-    wait gives up after 60 s and records that)."""
+    """Scores like ``toy-brightness``; its first call (part 0) says it started, then waits until the sampler has begun
+    the next part. The sampler's second part in turn starts only once part 0's scoring has started (the wrapper in
+    the test), so under overlap the two meet whatever the thread scheduling; without overlap part 1 would be sampled
+    before any scoring and both waits run out (recorded as a failure, not a hang)."""
 
     name: ClassVar[str] = "waits-for-next-part"
 
@@ -70,11 +72,8 @@ class WaitsForTheNextPart(RewardSource):
         WATCH.setdefault("threads", []).append(threading.current_thread().name)
         WATCH.setdefault("sizes", []).append(int(images.shape[0]))
         if "first" not in WATCH:
-            policy = WATCH["policy"]
-            start, deadline = policy.forward_count, time.monotonic() + 60
-            while policy.forward_count == start and time.monotonic() < deadline:
-                time.sleep(0.01)
-            WATCH["first"] = policy.forward_count > start
+            WATCH["scoring_started"].set()
+            WATCH["first"] = WATCH["next_part_sampling"].wait(HANDSHAKE_S)
         return images.float().mean(dim=(1, 2, 3)) / 255.0
 
 
@@ -86,12 +85,26 @@ class _Plugin:
 
 def test_a_part_is_scored_while_the_next_one_samples(tmp_path: Path) -> None:
     WATCH.clear()
+    WATCH.update(scoring_started=threading.Event(), next_part_sampling=threading.Event(), waited=[])
     host = build_host(load_entrypoints=False, extra_plugins=(toy_components, _Plugin()))
     cfg = toy_recipe(str(tmp_path / "run"), max_steps=1, groups_per_step=3, accelerate={"overlap_groups": 1})
     cfg["rewards"] = [{"class_path": "waits-for-next-part"}]
     runner = Runner(validate(cfg, host), host)
-    WATCH["policy"] = runner.recipe.model
+    sampler = runner.recipe.sampler
+    rollout_groups = sampler.rollout_groups
+    calls = []
+
+    def next_part_waits_for_scoring(*args: Any, **kwargs: Any) -> Any:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:  # part 1 begins only once part 0 is being scored, and says so
+            WATCH["waited"].append(WATCH["scoring_started"].wait(HANDSHAKE_S))
+            WATCH["next_part_sampling"].set()
+        return rollout_groups(*args, **kwargs)
+
+    sampler.rollout_groups = next_part_waits_for_scoring  # type: ignore[method-assign]
     (metrics,) = runner.run()
+    assert len(calls) == 3 and not any(name.startswith("rlpost-overlap") for name in calls)
+    assert WATCH["waited"] == [True], "part 1 was sampled before part 0's scoring started"
     assert WATCH["first"] is True, "the first part's scoring saw no sampling of the next part"
     assert WATCH["sizes"] == [4, 4, 4]  # one call per part of one group of 4 samples
     assert all(name.startswith("rlpost-overlap") for name in WATCH["threads"])
