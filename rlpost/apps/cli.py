@@ -206,13 +206,16 @@ def cmd_export(argv: Sequence[str]) -> int:
 
 def cmd_plugins(argv: Sequence[str]) -> int:
     """List plugins with their version, components, hooks, status and load error."""
+    from rlpost.apps.host import plugin_output_to_stderr
+
     parser = argparse.ArgumentParser(prog="rlpost plugins")
     sub = parser.add_subparsers(dest="action", required=True)
     ls = sub.add_parser("list", help="list installed plugins")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument("--all", action="store_true", help="include core built-in modules")
     ns = parser.parse_args(argv)
-    infos = get_host().plugins(include_builtin=ns.all)
+    with plugin_output_to_stderr():  # stdout is the listing: what plugins write while loading is not part of it
+        infos = get_host().plugins(include_builtin=ns.all)
     if ns.json:
         print(json.dumps([info.to_json() for info in infos], indent=2))
         return 0

@@ -4,8 +4,11 @@
   registered first, like pytest's default plugins. The core names no module above it: the top layer owns the list.
 * Entry points of group ``rlpost`` are loaded **one at a time**: a plugin that fails to import, fails pluggy's
   validation, or raises inside a registration hook is recorded with its name, distribution and exception and
-  skipped (none of its hooks or components stay active); the CLI keeps working. First-party plugins (distribution
-  ``rlpost``) use the same group.
+  skipped (none of its hooks or components stay active); the CLI keeps working. First-party plugins use the same
+  group, and are recognised by what they are, not by the name a distribution gives itself: an entry point of
+  distribution ``rlpost`` whose name and value are one of the ``first_party`` pairs the host is given
+  (``rlpost.apps.host`` passes the ones pyproject.toml declares). Any other entry point of a distribution calling
+  itself ``rlpost`` is refused without being imported: that name can neither add nor replace a first-party plugin.
 * **Built-ins always win, whatever the load order or hook ordering.** Plugins are loaded and their registration
   hooks called in a fixed order: core modules, then first-party entry points, then third-party ones sorted by
   distribution and entry-point name (never ``sys.path`` order, never pluggy's ``tryfirst``/``trylast`` order).
@@ -24,12 +27,16 @@
     installed on a developer's machine cannot change test results).
   - ``RLPOST_TRACE_PLUGINS=1``: print every hook call, its implementations and results to stderr.
 
+* What plugin code prints while it is imported and registered goes to stderr: stdout is the result of commands such
+  as ``rlpost plugins list --json``.
+
 Installing a plugin, or running a recipe that names a ``class_path``, runs that code: treat both like
 ``pip install``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import os
 import sys
@@ -118,10 +125,16 @@ class PluginHost:
             ``()`` gives a bare host.
         load_entrypoints: Load entry points of group ``rlpost`` (False gives built-ins only).
         extra_plugins: Additional plugin objects (modules or instances) to register, e.g. test-local plugins.
+        first_party: rlpost's own entry points, name -> value (``{"rewards": "rlpost_rewards", ...}``): the only
+            entry points of distribution ``rlpost`` that load (``rlpost.apps.host.build_host`` passes rlpost's).
     """
 
     def __init__(
-        self, builtins: Sequence[ModuleType], load_entrypoints: bool = True, extra_plugins: tuple[object, ...] = ()
+        self,
+        builtins: Sequence[ModuleType],
+        load_entrypoints: bool = True,
+        extra_plugins: tuple[object, ...] = (),
+        first_party: Mapping[str, str] | None = None,
     ) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
@@ -134,16 +147,22 @@ class PluginHost:
         if self._trace:
             self._enable_tracing()
         self._builtin_names = tuple(module.__name__ for module in builtins)
-        for module, module_name in zip(builtins, self._builtin_names, strict=True):
-            self._register(module, module_name, FIRST_PARTY_DISTRIBUTION, _dist_version("rlpost"), module_name, True)
-        if load_entrypoints:
-            self._load_entrypoints()
-        for index, plugin in enumerate(extra_plugins):
-            name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
-            if name in self.infos:
-                name = f"<local>:{name}"
-            self._register(plugin, name, "<local>", "", repr(plugin), False)
-        self._run_registrations()
+        self._first_party = dict(first_party or {})
+        # Plugin code runs from here on (imports, registration hooks): anything it prints goes to stderr, so a
+        # command's stdout stays its result (``plugins list --json``). Redirected in the host, not in one command,
+        # because every command that prints JSON builds the host first.
+        with contextlib.redirect_stdout(sys.stderr):
+            version = _dist_version(FIRST_PARTY_DISTRIBUTION)
+            for module, module_name in zip(builtins, self._builtin_names, strict=True):
+                self._register(module, module_name, FIRST_PARTY_DISTRIBUTION, version, module_name, True)
+            if load_entrypoints:
+                self._load_entrypoints()
+            for index, plugin in enumerate(extra_plugins):
+                name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{index}"
+                if name in self.infos:
+                    name = f"<local>:{name}"
+                self._register(plugin, name, "<local>", "", repr(plugin), False)
+            self._run_registrations()
 
     # ------------------------------------------------------------------------------------------------ loading
     def _register(self, plugin: object, name: str, dist: str, version: str, source: str, builtin: bool) -> PluginInfo:
@@ -166,33 +185,51 @@ class PluginHost:
         for caller in self.pm.get_hookcallers(plugin) or []:
             yield caller.name, caller
 
-    def _entry_points(self) -> list[tuple[md.EntryPoint, str, str, bool]]:
-        """Every ``rlpost`` entry point as (entry point, distribution, version, first-party), in load order.
+    def _entry_points(self) -> list[tuple[md.EntryPoint, str, str, bool, str]]:
+        """Every ``rlpost`` entry point as (entry point, distribution, version, first-party, where), in load order.
 
         First-party entry points come first, then third-party ones sorted by (distribution, name): the order of
-        ``sys.path`` (which decides ``importlib.metadata``'s order) never decides who gets a name.
+        ``sys.path`` (which decides ``importlib.metadata``'s order) never decides who gets a name. First-party means
+        distribution ``rlpost`` declaring one of the host's ``first_party`` name/value pairs; an entry point of
+        another distribution that calls itself ``rlpost`` is kept apart from it (never deduplicated into it), so it
+        can be refused and listed whatever its place on ``sys.path``.
         """
-        found: dict[tuple[str, str], tuple[md.EntryPoint, str, str, bool]] = {}
+        found: dict[tuple[str, str, bool], tuple[md.EntryPoint, str, str, bool, str]] = {}
         for dist in md.distributions():
             dist_name = dist.metadata["Name"] or "<unknown>"
+            canonical = canonical_distribution(dist_name)
             for ep in dist.entry_points:
-                key = (canonical_distribution(dist_name), ep.name)
+                first_party = canonical == FIRST_PARTY_DISTRIBUTION and self._first_party.get(ep.name) == ep.value
+                key = (canonical, ep.name, first_party)
                 if ep.group != ENTRY_POINT_GROUP or key in found:
                     continue  # the same distribution twice on sys.path: the first copy is the one Python imports
-                first_party = key[0] == FIRST_PARTY_DISTRIBUTION
-                found[key] = (ep, dist_name, dist.version or "", first_party)
+                found[key] = (ep, dist_name, dist.version or "", first_party, str(dist.locate_file("")))
         return sorted(found.values(), key=lambda t: (not t[3], canonical_distribution(t[1]), t[0].name))
+
+    def _impostor_error(self, ep: md.EntryPoint, where: str) -> str:
+        """Why an entry point of a distribution named ``rlpost`` that is not one of rlpost's own was refused."""
+        own = self._first_party.get(ep.name)
+        what = f"rlpost's own {ep.name!r} is {own!r}" if own else f"rlpost has no plugin {ep.name!r}"
+        return (
+            f"refused: a distribution named {FIRST_PARTY_DISTRIBUTION!r} in {where} declares entry point "
+            f"'{ep.name} = {ep.value}', which is not one of rlpost's own plugins ({what}); a distribution calling "
+            f"itself rlpost cannot add or replace a first-party plugin, so it was not loaded (uninstall it, or "
+            f"reinstall rlpost if it is a stale copy)"
+        )
 
     def _load_entrypoints(self) -> None:
         allow = _split_env("RLPOST_LOAD_PLUGINS")
         block = _split_env("RLPOST_BLOCK_PLUGINS") or set()
         no_autoload = os.environ.get("RLPOST_DISABLE_PLUGIN_AUTOLOAD", "") not in ("", "0")
         candidates: list[tuple[md.EntryPoint, PluginInfo, bool]] = []
-        for ep, dist_name, version, first_party in self._entry_points():
+        for ep, dist_name, version, first_party, where in self._entry_points():
             info = PluginInfo(name=ep.name, distribution=dist_name, version=version, source=ep.value)
             names = {ep.name, dist_name, canonical_distribution(dist_name), f"{dist_name}:{ep.name}"}
             if names & block:
                 info.status = "blocked"
+            elif not first_party and canonical_distribution(dist_name) == FIRST_PARTY_DISTRIBUTION:
+                # Checked before the autoload switches: this one would otherwise have loaded as first-party.
+                info.status, info.error = "error", self._impostor_error(ep, where)
             elif not first_party and no_autoload and allow is None:
                 info.status = "disabled"
             elif not first_party and allow is not None and not (names & allow):
