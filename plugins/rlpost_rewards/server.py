@@ -14,15 +14,23 @@ connection without an answer):
 
 * body size, image count, pixels per image and per request (:class:`~rlpost_rewards._wire.WireLimits`), checked
   from the headers before any image is decompressed (413);
+* JSON values per body (``--max-json-values``, 413) and nesting depth (32 levels, 400), counted before the body is
+  parsed (:mod:`rlpost_rewards._jsonscan`): 4 MB of ``[{},{},...]`` would otherwise be 1.3 million dicts;
 * ``--timeout``: per-socket inactivity timeout *and* a deadline for receiving a whole body, so a stalled client
   cannot hold a thread (408);
 * ``--max-connections`` open connections (503 beyond) and ``--max-concurrent`` requests decoded/scored at once,
-  which bounds memory to about ``max_concurrent x (3 x max_body_bytes + 6 x max_total_pixels)`` bytes; scoring
-  itself is serialised by a lock because reward models are not assumed thread safe;
+  which bounds memory to about ``max_concurrent x (3 x max_body_bytes + 100 x max_json_values + 6 x
+  max_total_pixels)`` bytes (up to 9 x the body instead of 3 x when a long string holds a character beyond U+FFFF:
+  Python then stores 4 bytes per character; measured figures in ``docs/rewards.md``); scoring itself is serialised
+  by a lock because reward models are not assumed thread safe;
 * optional bearer-token auth: when the environment variable named by ``--token-env`` (default
   ``RLPOST_REWARD_TOKEN``) is set, every request needs ``Authorization: Bearer <token>`` (401 otherwise; compared
   in constant time). The token is read from the environment, never from the command line, where other users of
-  the machine could read it. Without a token the server warns when it binds a non-loopback address.
+  the machine could read it. A variable that is set but empty (or holds spaces or non-ASCII) refuses to start:
+  serving without authentication then would fail open. Without a token the server warns when it binds a
+  non-loopback address.
+
+Every bad start option is a one-line usage error with exit status 2 (:mod:`rlpost_rewards._options`).
 """
 
 from __future__ import annotations
