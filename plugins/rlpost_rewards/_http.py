@@ -17,7 +17,9 @@ from typing import Any
 
 from ._wire import WireLimits
 
-__all__ = ["RewardHTTPServer", "ServerLimits"]
+__all__ = ["MAX_TIMEOUT_S", "RewardHTTPServer", "ServerLimits"]
+
+MAX_TIMEOUT_S = 86400.0  # a day: sockets and semaphores refuse timeouts past ~292 years, and no request needs one
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,16 @@ class ServerLimits:
     linger_s: float = 2.0
 
     def __post_init__(self) -> None:
-        if not (self.timeout_s > 0 and self.linger_s >= 0 and self.max_connections >= 1 and self.max_concurrent >= 1):
-            raise ValueError(f"need timeout_s > 0, linger_s >= 0, max_connections >= 1, max_concurrent >= 1: {self}")
+        if not (
+            0 < self.timeout_s <= MAX_TIMEOUT_S
+            and 0 <= self.linger_s <= MAX_TIMEOUT_S
+            and self.max_connections >= 1
+            and self.max_concurrent >= 1
+        ):
+            raise ValueError(
+                f"need 0 < timeout_s <= {MAX_TIMEOUT_S:g}, 0 <= linger_s <= {MAX_TIMEOUT_S:g} (seconds), "
+                f"max_connections >= 1, max_concurrent >= 1: {self}"
+            )
 
 
 def _json_response(status: int, body: dict[str, Any], extra: str = "") -> bytes:

@@ -33,6 +33,7 @@ from PIL import Image
 from torch import Tensor
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "ImageLimitError",
     "WireLimits",
     "decode_images",
@@ -42,6 +43,9 @@ __all__ = [
 ]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of JSON arrays/objects in a request or an answer: a request is 3 levels deep (object, metadata
+list, metadata object) plus whatever nesting its metadata holds; ``json`` decodes recursively."""
 
 
 class ImageLimitError(ValueError):
@@ -58,12 +62,16 @@ class WireLimits:
         max_images: Most images per request.
         max_pixels: Most pixels (width x height) in one image.
         max_total_pixels: Most pixels over all images of one request (3 bytes each once decoded).
+        max_json_values: Most JSON values in one request body, keys included (a request needs about 3 per image plus
+            what its metadata holds); counted before the body is parsed, so 4 MB of ``[{},{},...]`` is refused
+            instead of becoming 1.3 million dicts. Each costs well under 100 bytes once parsed.
     """
 
     max_body_bytes: int = 64 * 1024 * 1024
     max_images: int = 256
     max_pixels: int = 4096 * 4096
     max_total_pixels: int = 32 * 1024 * 1024
+    max_json_values: int = 65536
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

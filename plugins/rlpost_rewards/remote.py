@@ -7,8 +7,10 @@ environment and let one GPU host score for several trainers (as the HTTP reward 
 
 The client trusts the server no more than the server trusts it: every HTTP request is bounded by a wall-clock
 deadline (a watchdog closes the socket, so a server that trickles bytes cannot hold the trainer), the response size
-is capped, and the answer must match a strict schema. Every failure is a :class:`RemoteRewardError` that carries
-the server's own message.
+is capped, its JSON is counted and depth-checked before it is parsed (:mod:`rlpost_rewards._jsonscan`), and the
+answer must match a strict schema. Every failure (no connection, a timeout, an HTTP error, an answer that is not
+JSON or not scores, numbers too large for a float) is a :class:`RemoteRewardError` that names the URL and carries
+the server's own message when it sent one.
 """
 
 from __future__ import annotations
@@ -29,11 +31,16 @@ from torch import Tensor
 from rlpost import RewardSource
 
 from ._common import check_images, check_scores
-from ._wire import WireLimits, encode_images, jsonable_metadata
+from ._http import MAX_TIMEOUT_S
+from ._jsonscan import JSONLimitError, count_values, loads_bounded
+from ._options import token_problem
+from ._wire import MAX_JSON_DEPTH, WireLimits, encode_images, jsonable_metadata
 
 __all__ = ["MAX_RESPONSE_BYTES", "RemoteReward", "RemoteRewardError"]
 
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # scores of a few thousand images are a few kB
+_ANSWER_VALUES = 1024  # JSON values an answer may hold beyond one per score (/health's limits, an error message)
+_MAX_BACKOFF_S = 60.0  # the doubling back-off stops growing here
 
 
 class RemoteRewardError(RuntimeError):
@@ -48,8 +55,8 @@ def _server_message(data: bytes) -> str:
     """The ``error`` of a JSON error body, else the start of the body as text."""
     text = data.decode("utf-8", "replace")
     try:
-        body = json.loads(text)
-    except ValueError:
+        body = loads_bounded(data, _ANSWER_VALUES, MAX_JSON_DEPTH, "answer")
+    except ValueError:  # not UTF-8, not JSON, or over the limits: quote the text
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), str):
         return str(body["error"])[:2000]
@@ -61,12 +68,12 @@ class RemoteReward(RewardSource):
 
     Args:
         url: Base URL of the server, e.g. ``http://10.0.0.5:8765`` (``/health`` and ``/score`` are appended).
-        timeout_s: Wall-clock deadline of one HTTP request (connect, send, wait, receive): the call is cut when
-            it expires, however the server behaves. A ``score`` call takes at most about
+        timeout_s: Wall-clock deadline of one HTTP request (connect, send, wait, receive), at most a day: the call
+            is cut when it expires, however the server behaves. A ``score`` call takes at most about
             ``(retries + 1) x timeout_s`` plus the back-off delays (per request when a batch is split).
         retries: Extra attempts after a failed request (connection errors, timeouts, HTTP 5xx, 408, 429); other
             HTTP 4xx answers are not retried.
-        backoff_s: First back-off delay; doubles after each failed attempt.
+        backoff_s: First back-off delay; doubles after each failed attempt, up to 60 s (or ``backoff_s`` if larger).
         expect_reward: When set, ``setup`` checks the server serves this reward name.
         token_env: Name of the environment variable holding the server's bearer token (sent as
             ``Authorization: Bearer ...`` when the variable is set). The token itself never appears in a recipe or
@@ -84,7 +91,10 @@ class RemoteReward(RewardSource):
         expect_reward: str | None = None,
         token_env: str | None = "RLPOST_REWARD_TOKEN",
     ) -> None:
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+        except ValueError as err:  # e.g. an unclosed IPv6 bracket
+            raise ValueError(f"{self.name}: url must look like http://host:port, got {url!r} ({err})") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{self.name}: url must look like http://host:port or https://host, got {url!r}")
         if parts.query or parts.fragment or parts.username or parts.password:
@@ -93,8 +103,17 @@ class RemoteReward(RewardSource):
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as err:
             raise ValueError(f"{self.name}: bad port in url {url!r}: {err}") from None
-        if retries < 0 or not timeout_s > 0 or backoff_s < 0:
-            raise ValueError(f"{self.name}: need retries >= 0, timeout_s > 0, backoff_s >= 0")
+        if not (
+            isinstance(retries, int)
+            and retries >= 0
+            and 0 < timeout_s <= MAX_TIMEOUT_S
+            and 0 <= backoff_s <= MAX_TIMEOUT_S
+        ):
+            raise ValueError(
+                f"{self.name}: need an integer retries >= 0, 0 < timeout_s <= {MAX_TIMEOUT_S:g} and "
+                f"0 <= backoff_s <= {MAX_TIMEOUT_S:g} (finite seconds); got retries={retries!r}, "
+                f"timeout_s={timeout_s!r}, backoff_s={backoff_s!r}"
+            )
         self.url = url.rstrip("/")
         self._parts = parts
         self.timeout_s = timeout_s
@@ -112,6 +131,11 @@ class RemoteReward(RewardSource):
             headers["Content-Type"] = "application/json"
         token = os.environ.get(self.token_env) if self.token_env else None
         if token:
+            problem = token_problem(token)
+            if problem is not None:  # it could not travel in a header (or match one)
+                raise RemoteRewardError(
+                    f"{self.name}: cannot send the bearer token in ${self.token_env} to {self.url}: it {problem}"
+                )
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
@@ -160,8 +184,9 @@ class RemoteReward(RewardSource):
             watchdog.cancel()
             conn.close()
 
-    def _request(self, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
-        """GET (``payload is None``) or POST JSON to ``path`` with retries; return the JSON object answered.
+    def _request(self, path: str, payload: dict[str, Any] | None, max_values: int = _ANSWER_VALUES) -> dict[str, Any]:
+        """GET (``payload is None``) or POST JSON to ``path`` with retries; return the JSON object answered, which
+        may hold at most ``max_values`` JSON values.
 
         Raises:
             RemoteRewardError: On any failure, with the server's own message when it answered.
@@ -177,11 +202,13 @@ class RemoteReward(RewardSource):
                 status, data = self._once(method, path, body)
             except _DeadlineExceeded:
                 last, answered = f"no complete answer within timeout_s={self.timeout_s}s", False
-            except (OSError, http.client.HTTPException) as err:
-                last, answered = f"{type(err).__name__}: {err}", False
+            except (OSError, http.client.HTTPException, ValueError, OverflowError) as err:
+                # OSError: refused, reset, unreachable, TLS; HTTPException: not HTTP; ValueError/OverflowError:
+                # what http.client raises on headers or lengths it cannot use.
+                last, answered = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}", False
             else:
                 if status == 200:
-                    return self._json_object(url, data)
+                    return self._json_object(url, data, max_values)
                 message = _server_message(data)
                 if status == 401:
                     hint = (
@@ -195,7 +222,7 @@ class RemoteReward(RewardSource):
                 last, answered = f"HTTP {status}: {message}", True
             if attempt < self.retries:
                 time.sleep(delay)
-                delay *= 2
+                delay = min(delay * 2, max(self.backoff_s, _MAX_BACKOFF_S))
         attempts = f"{self.retries + 1} attempt(s)"
         if answered:
             raise RemoteRewardError(f"{self.name}: reward server {url} failed after {attempts}: {last}")
@@ -205,10 +232,14 @@ class RemoteReward(RewardSource):
             "`python -m rlpost_rewards.server --reward <name> --host <host> --port <port>`."
         )
 
-    def _json_object(self, url: str, data: bytes) -> dict[str, Any]:
+    def _json_object(self, url: str, data: bytes, max_values: int) -> dict[str, Any]:
         try:
-            body = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+            body = loads_bounded(data, max_values, MAX_JSON_DEPTH, "answer")
+        except JSONLimitError as err:
+            raise RemoteRewardError(
+                f"{self.name}: {url} answered HTTP 200, but the {err}; not a reward server?"
+            ) from None
+        except ValueError:  # not UTF-8 or not JSON
             raise RemoteRewardError(
                 f"{self.name}: {url} answered HTTP 200 with a body that is not JSON: {_server_message(data)!r}"
             ) from None
@@ -243,11 +274,17 @@ class RemoteReward(RewardSource):
             raise RemoteRewardError(
                 f"{self.name}: images of {pixels} pixels exceed {self.url}'s limit of {limits.max_pixels} per image"
             )
-        budget = int(limits.max_body_bytes * 0.9) - 1024  # JSON punctuation and headroom
+        budget = limits.max_body_bytes * 9 // 10 - 1024  # JSON punctuation and headroom (integers: no overflow)
+        value_budget = limits.max_json_values - 16  # the request object, its three lists and their keys
         out: list[slice] = []
-        start = size = 0
+        start = size = values = 0
         for i, item in enumerate(encoded):
-            cost = len(item) + len(json.dumps(prompts[i])) + len(json.dumps(metadata[i])) + 8
+            meta = json.dumps(metadata[i]).encode("utf-8")
+            cost = len(item) + len(json.dumps(prompts[i])) + len(meta) + 8
+            try:  # image, prompt, metadata and their commas, plus what the metadata holds
+                item_values = 4 + count_values(meta, value_budget, MAX_JSON_DEPTH - 3, f"metadata[{i}]")
+            except JSONLimitError as err:
+                raise RemoteRewardError(f"{self.name}: {err}, over {self.url}'s limits for one request") from None
             if cost > budget:
                 raise RemoteRewardError(
                     f"{self.name}: one image is {cost} bytes encoded, over {self.url}'s body limit of "
@@ -255,11 +292,15 @@ class RemoteReward(RewardSource):
                 )
             count = i - start
             if i > start and (
-                size + cost > budget or count + 1 > limits.max_images or (count + 1) * pixels > limits.max_total_pixels
+                size + cost > budget
+                or values + item_values > value_budget
+                or count + 1 > limits.max_images
+                or (count + 1) * pixels > limits.max_total_pixels
             ):
                 out.append(slice(start, i))
-                start, size = i, 0
+                start, size, values = i, 0, 0
             size += cost
+            values += item_values
         out.append(slice(start, len(encoded)))
         return out
 
@@ -277,7 +318,8 @@ class RemoteReward(RewardSource):
         scores: list[float] = []
         for part in self._batches(encoded, pixels, list(prompts), meta):
             payload = {"images": encoded[part], "prompts": list(prompts[part]), "metadata": meta[part]}
-            scores.extend(self._scores(self._request("/score", payload), len(encoded[part])))
+            count = len(encoded[part])
+            scores.extend(self._scores(self._request("/score", payload, count + _ANSWER_VALUES), count))
         return check_scores(self.name, torch.tensor(scores, dtype=torch.float32))
 
     def _scores(self, body: dict[str, Any], count: int) -> list[float]:
@@ -288,7 +330,7 @@ class RemoteReward(RewardSource):
             raise RemoteRewardError(f"{where} answered no 'scores' list: {str(body)[:300]}")
         if len(scores) != count:
             raise RemoteRewardError(f"{where} answered {len(scores)} scores for {count} images")
-        bad = [s for s in scores if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s)]
+        bad = [s for s in scores if isinstance(s, bool) or not isinstance(s, (int, float)) or not _finite_float(s)]
         if bad:
             raise RemoteRewardError(f"{where} answered scores that are not finite numbers: {str(bad[:5])[:300]}")
         reward = body.get("reward")
@@ -297,3 +339,11 @@ class RemoteReward(RewardSource):
                 f"{where} scored with {str(reward)[:100]!r}, but /health said {self.server_reward!r}"
             )
         return [float(s) for s in scores]
+
+
+def _finite_float(value: float) -> bool:
+    """Whether ``value`` is a finite float once converted (a JSON integer of 400 digits is not: it overflows)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False

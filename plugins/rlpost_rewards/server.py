@@ -14,26 +14,32 @@ connection without an answer):
 
 * body size, image count, pixels per image and per request (:class:`~rlpost_rewards._wire.WireLimits`), checked
   from the headers before any image is decompressed (413);
+* JSON values per body (``--max-json-values``, 413) and nesting depth (32 levels, 400), counted before the body is
+  parsed (:mod:`rlpost_rewards._jsonscan`): 4 MB of ``[{},{},...]`` would otherwise be 1.3 million dicts;
 * ``--timeout``: per-socket inactivity timeout *and* a deadline for receiving a whole body, so a stalled client
   cannot hold a thread (408);
 * ``--max-connections`` open connections (503 beyond) and ``--max-concurrent`` requests decoded/scored at once,
-  which bounds memory to about ``max_concurrent x (3 x max_body_bytes + 6 x max_total_pixels)`` bytes; scoring
-  itself is serialised by a lock because reward models are not assumed thread safe;
+  which bounds memory to about ``max_concurrent x (3 x max_body_bytes + 100 x max_json_values + 6 x
+  max_total_pixels)`` bytes (up to 9 x the body instead of 3 x when a long string holds a character beyond U+FFFF:
+  Python then stores 4 bytes per character; measured figures in ``docs/rewards.md``); scoring itself is serialised
+  by a lock because reward models are not assumed thread safe;
 * optional bearer-token auth: when the environment variable named by ``--token-env`` (default
   ``RLPOST_REWARD_TOKEN``) is set, every request needs ``Authorization: Bearer <token>`` (401 otherwise; compared
   in constant time). The token is read from the environment, never from the command line, where other users of
-  the machine could read it. Without a token the server warns when it binds a non-loopback address.
+  the machine could read it. A variable that is set but empty (or holds spaces or non-ASCII) refuses to start:
+  serving without authentication then would fail open. Without a token the server warns when it binds a
+  non-loopback address.
+
+Every bad start option is a one-line usage error with exit status 2 (:mod:`rlpost_rewards._options`).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import hmac
-import importlib
-import ipaddress
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -46,7 +52,17 @@ import torch
 from rlpost import Registry, RewardSource
 
 from ._http import RewardHTTPServer, ServerLimits
-from ._wire import ImageLimitError, WireLimits, decode_images
+from ._jsonscan import JSONLimitError, loads_bounded
+from ._options import (
+    build_reward,
+    is_loopback,
+    load_reward_class,
+    parse_device,
+    server_parser,
+    token_from_env,
+    token_problem,
+)
+from ._wire import MAX_JSON_DEPTH, ImageLimitError, WireLimits, decode_images
 
 __all__ = ["TOKEN_ENV", "RewardHTTPServer", "ServerLimits", "builtin_rewards", "make_server", "main"]
 
@@ -93,9 +109,9 @@ def make_server(
         The server; call ``serve_forever()`` (e.g. in a thread) and ``shutdown()``/``server_close()`` to stop.
     """
     lim = limits or ServerLimits()
-    if token is not None and not token:
-        raise ValueError("token must be a non-empty string (or None for no authentication)")
-    expected = token.encode("utf-8") if token else None
+    if token is not None and (problem := token_problem(token)) is not None:
+        raise ValueError(f"the bearer token {problem}: give a secret of printable ASCII, or None for no authentication")
+    expected = token.encode("ascii") if token is not None else None
     score_lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -209,36 +225,42 @@ def make_server(
                 )
             return length
 
-        def _read_body(self, length: int) -> bytes:
+        def _read_body(self, length: int) -> bytearray:
             """Read exactly ``length`` bytes within ``timeout_s`` in total (not per packet: a client trickling one
-            byte at a time must not hold the connection)."""
+            byte at a time must not hold the connection), into one buffer (no second copy from joining chunks)."""
             deadline = time.monotonic() + lim.timeout_s
-            chunks: list[bytes] = []
+            body = bytearray(length)  # zero pages are not resident until written: memory follows what arrived
             got = 0
             try:
-                while got < length:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError
-                    self.connection.settimeout(remaining)
-                    chunk = self.rfile.read1(min(1 << 20, length - got))
-                    if not chunk:
-                        self.close_connection = True
-                        raise _Refused(400, f"body ended after {got} of {length} bytes", True)
-                    chunks.append(chunk)
-                    got += len(chunk)
+                with memoryview(body) as view:
+                    while got < length:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise TimeoutError
+                        self.connection.settimeout(remaining)
+                        count = self.rfile.readinto1(view[got:])
+                        if not count:
+                            self.close_connection = True
+                            raise _Refused(400, f"body ended after {got} of {length} bytes", True)
+                        got += count
             except TimeoutError:
                 raise _Refused(
                     408, f"request body not received within {lim.timeout_s}s ({got} of {length} bytes)", True
                 ) from None
             finally:
                 self.connection.settimeout(lim.timeout_s)
-            return b"".join(chunks)
+            return body
 
-        def _parse(self, body: bytes) -> tuple[torch.Tensor, list[str], list[dict[str, Any]]]:
+        def _parse(self, body: bytearray) -> tuple[torch.Tensor, list[str], list[dict[str, Any]]]:
             try:
-                request = json.loads(body.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as err:
+                request = loads_bounded(body, lim.wire.max_json_values, MAX_JSON_DEPTH)
+            except JSONLimitError as err:
+                if err.limit == "depth":
+                    raise _Refused(400, f"{err}; the server's limit is {MAX_JSON_DEPTH}") from None
+                raise _Refused(
+                    413, f"{err}; the server's limit is {lim.wire.max_json_values} (--max-json-values)"
+                ) from None
+            except ValueError as err:  # not UTF-8, not JSON
                 raise _Refused(400, f"body is not JSON: {err}") from None
             if not isinstance(request, dict):
                 raise _Refused(400, f"body must be a JSON object with images and prompts, got {type(request).__name__}")
@@ -280,81 +302,71 @@ def _checked_scores(scores: Any, count: int) -> list[float]:
     return values
 
 
-def _load_class(spec: str) -> type[RewardSource]:
-    module_name, _, attr = spec.partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
-    if not (isinstance(cls, type) and issubclass(cls, RewardSource)):
-        raise TypeError(f"{spec} is not a RewardSource subclass")
-    return cls
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
+def _listen(
+    reward: RewardSource, args: argparse.Namespace, token: str | None, limits: ServerLimits
+) -> RewardHTTPServer:
+    """Bind the server, or say in one line why the host and port cannot be used."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        return make_server(reward, args.host, args.port, token=token, limits=limits)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            problem = "is already in use (another server? pick another --port, or 0 for a free one)"
+        else:
+            problem = f"cannot be listened on: {err.strerror or err}"
+        raise ValueError(f"--host {args.host} --port {args.port}: {args.host}:{args.port} {problem}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command-line entry: build the reward, call ``setup`` once, serve until interrupted."""
-    defaults, wire = ServerLimits(), WireLimits()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--reward", help=f"built-in reward name: {', '.join(sorted(builtin_rewards()))}")
-    which.add_argument("--reward-class", help="any RewardSource as 'module:Class'")
-    parser.add_argument("--init", default="{}", help="JSON object of constructor arguments")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--token-env", default=TOKEN_ENV, help="environment variable holding the bearer token")
-    parser.add_argument("--max-body-mb", type=float, default=wire.max_body_bytes / 2**20)
-    parser.add_argument("--max-images", type=int, default=wire.max_images, help="images per request")
-    parser.add_argument("--max-pixels", type=int, default=wire.max_pixels, help="pixels per image")
-    parser.add_argument("--max-total-pixels", type=int, default=wire.max_total_pixels, help="pixels per request")
-    parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="socket and body timeout (s)")
-    parser.add_argument("--max-connections", type=int, default=defaults.max_connections)
-    parser.add_argument("--max-concurrent", type=int, default=defaults.max_concurrent)
+    """Command-line entry: check the options, build the reward, bind, call ``setup`` once, serve until interrupted.
+
+    Every bad option (and a reward that cannot be set up from them) is a one-line error with exit status 2.
+    """
+    parser = server_parser(__doc__ or "", sorted(builtin_rewards()), ServerLimits(), TOKEN_ENV)
     args = parser.parse_args(argv)
     try:
-        init = json.loads(args.init)
-        if not isinstance(init, dict):
-            raise ValueError(f"expected a JSON object, got {type(init).__name__}")
         limits = ServerLimits(
             wire=WireLimits(
                 max_body_bytes=int(args.max_body_mb * 2**20),
                 max_images=args.max_images,
                 max_pixels=args.max_pixels,
                 max_total_pixels=args.max_total_pixels,
+                max_json_values=args.max_json_values,
             ),
             timeout_s=args.timeout,
             max_connections=args.max_connections,
             max_concurrent=args.max_concurrent,
         )
+        token = token_from_env(args.token_env)
+        if args.reward:
+            table = builtin_rewards()
+            if args.reward not in table:
+                raise ValueError(f"--reward: unknown reward {args.reward!r}; built-ins: {', '.join(sorted(table))}")
+            cls = table[args.reward]
+        else:
+            cls = load_reward_class(args.reward_class)
+        device = parse_device(args.device)
+        reward = build_reward(cls, args.init)
+        server = _listen(reward, args, token, limits)
     except ValueError as err:
         parser.error(str(err))
-    if args.reward:
-        table = builtin_rewards()
-        if args.reward not in table:
-            parser.error(f"unknown reward {args.reward!r}; built-ins: {sorted(table)}")
-        cls = table[args.reward]
-    else:
-        cls = _load_class(args.reward_class)
-    token = os.environ.get(args.token_env) or None
-    if token is None and not _is_loopback(args.host):
+    try:
+        reward.setup(device)
+    except (OSError, ValueError) as err:  # a checkpoint the options point at is missing or unusable
+        server.server_close()
+        parser.error(f"setting up reward {reward.name!r} failed: {type(err).__name__}: {err}")
+    if token is None and not is_loopback(args.host):
         print(
             f"warning: serving on {args.host} without authentication: anyone who can reach it can use it. Set "
             f"{args.token_env} (here and in the trainer's environment) to require a bearer token.",
             file=sys.stderr,
         )
-    reward = cls(**init)
-    reward.setup(torch.device(args.device))
-    server = make_server(reward, args.host, args.port, token=token, limits=limits)
-    host, port = server.server_address[:2]
+    host, bound_port = server.server_address[:2]
     host = host.decode() if isinstance(host, bytes) else host
     auth = "bearer token required" if token else "no authentication"
-    print(f"serving reward {reward.name!r} on http://{host}:{port} (GET /health, POST /score; {auth})", flush=True)
+    print(
+        f"serving reward {reward.name!r} on http://{host}:{bound_port} (GET /health, POST /score; {auth})",
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

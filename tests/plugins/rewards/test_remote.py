@@ -102,9 +102,12 @@ def test_dead_server_fails_fast_with_clear_error() -> None:
         port = s.getsockname()[1]
     remote = RemoteReward(url=f"http://127.0.0.1:{port}", timeout_s=1, retries=2, backoff_s=0.05)
     start = time.monotonic()
-    with pytest.raises(RemoteRewardError, match=r"after 3 attempt\(s\).*rlpost_rewards.server"):
+    with pytest.raises(RemoteRewardError, match=r"after 3 attempt\(s\).*rlpost_rewards.server") as err:
         remote.setup(torch.device("cpu"))
     assert time.monotonic() - start < 5
+    message = str(err.value)  # one line naming the URL: what a training run prints when its server is down
+    assert f"reward server http://127.0.0.1:{port}/health" in message and "ConnectionRefusedError" in message
+    assert "\n" not in message
 
 
 def test_threaded_scorer_overlaps_and_matches(echo_url: str) -> None:
@@ -184,8 +187,13 @@ def _canned(status: int, body: bytes) -> Iterator[str]:
         (b'{"scores": [1.0]}', "answered 1 scores for 2 images"),
         (b'{"scores": {"a": 1}}', "no 'scores' list"),
         (b'{"result": [1, 2]}', "no 'scores' list"),
+        (b'{"scores": [1' + b"0" * 400 + b", 1.0]}", "not finite numbers: [1000"),
+        (b"[" * 100_000 + b"]" * 100_000, "the answer nests JSON arrays/objects deeper than 32 levels"),
+        (b'{"scores": [' + b"0," * 2_000_000 + b"0]}", "the answer holds more than 1026 JSON values"),
+        (b'{"scores": [1.0, 2.0]}\xff', "body that is not JSON"),
     ],
-    ids=["list", "not-json", "booleans", "strings", "nan", "count", "mapping", "missing"],
+    ids=["list", "not-json", "booleans", "strings", "nan", "count", "mapping", "missing"]
+    + ["int-overflowing-float", "deep", "many-values", "not-utf8"],
 )
 def test_answers_off_schema_are_remote_reward_errors(body, message):
     with _canned(200, body) as url:
@@ -198,6 +206,26 @@ def test_health_answers_off_schema_are_remote_reward_errors():
     for body in (b"[]", b'{"status": "ok"}', b'{"status": "down", "reward": "x"}'):
         with _canned(200, body) as url, pytest.raises(RemoteRewardError):
             RemoteReward(url=url, timeout_s=5, retries=0).setup(torch.device("cpu"))
+
+
+def test_deeply_nested_error_pages_are_quoted():
+    """An error answer is parsed for its message: nested past the depth limit it is quoted, not a RecursionError."""
+    with _canned(500, b"[" * 100_000 + b"]" * 100_000) as url:
+        remote = RemoteReward(url=url, timeout_s=5, retries=0)
+        with pytest.raises(RemoteRewardError, match=re.escape(f"{url}/score failed after 1 attempt(s): HTTP 500: [[[")):
+            remote.score(make_images(1, size=8), ["a"], [{}])
+
+
+def test_limits_too_large_for_a_float_are_used_as_integers():
+    """/health limits of 400 digits used to overflow the client's batch arithmetic (an OverflowError)."""
+    huge = 10**400
+    limits = {"max_body_bytes": huge, "max_images": 8, "max_pixels": huge, "max_total_pixels": huge}
+    answer = {"status": "ok", "reward": "canned", "limits": limits, "scores": [1.0, 2.0]}
+    with _canned(200, json.dumps(answer).encode()) as url:
+        remote = RemoteReward(url=url, timeout_s=5, retries=0)
+        remote.setup(torch.device("cpu"))
+        assert remote.server_limits is not None and remote.server_limits.max_body_bytes == huge
+        assert remote.score(make_images(2, size=8), ["a", "b"], [{}, {}]).tolist() == [1.0, 2.0]
 
 
 def test_non_json_error_pages_are_quoted():
@@ -297,7 +325,53 @@ def test_bearer_token_from_the_environment(monkeypatch):
         assert remote.score(make_images(2, size=8), ["a", "b"], [{}, {}]).shape == (2,)
 
 
-@pytest.mark.parametrize("url", ["ftp://x", "http://", "http://user:pw@host", "http://h:99999", "http://h/?q=1"])
+@pytest.mark.parametrize(
+    "url", ["ftp://x", "http://", "http://user:pw@host", "http://h:99999", "http://h/?q=1", "http://[::1"]
+)
 def test_bad_urls_are_refused_at_construction(url):
     with pytest.raises(ValueError, match="url"):
         RemoteReward(url=url)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"timeout_s": float("inf")},
+        {"timeout_s": float("nan")},
+        {"timeout_s": 1e300},
+        {"backoff_s": float("nan")},
+        {"backoff_s": float("inf")},
+        {"retries": -1},
+        {"retries": 1.5},
+    ],
+    ids=lambda kwargs: f"{next(iter(kwargs))}={next(iter(kwargs.values()))}",
+)
+def test_unusable_numbers_are_refused_at_construction(kwargs):
+    """An infinite timeout or back-off used to be accepted, and every call then ended in an OverflowError or a
+    ValueError from the socket or time.sleep rather than a RemoteRewardError."""
+    with pytest.raises(ValueError, match="finite seconds"):
+        RemoteReward(url="http://127.0.0.1:1", **kwargs)
+
+
+@pytest.mark.parametrize("token", ["line\nbreak", "t\u00f6ken\u20ac", "two words"])
+def test_unusable_client_token_is_a_remote_reward_error(monkeypatch, token):
+    """A token http.client cannot put in a header used to escape as ValueError / UnicodeEncodeError."""
+    monkeypatch.setenv("RLPOST_REWARD_TOKEN", token)
+    for url in _serve(_EchoMeta(), token="t0ken"):
+        with pytest.raises(RemoteRewardError, match=re.escape(f"bearer token in $RLPOST_REWARD_TOKEN to {url}")):
+            RemoteReward(url=url, timeout_s=5, retries=0).setup(torch.device("cpu"))
+
+
+def test_batches_are_split_to_fit_the_json_value_limit():
+    """Metadata counts against the server's max_json_values; the client splits a batch to fit it."""
+    limits = ServerLimits(wire=WireLimits(max_json_values=200))
+    for url in _serve(_EchoMeta(), limits=limits):
+        remote = RemoteReward(url=url, timeout_s=10, retries=0)
+        remote.setup(torch.device("cpu"))
+        images = make_images(8, size=16)
+        meta = [{"bonus": i, "tags": list(range(30))} for i in range(8)]  # ~36 values each: 8 are over 200
+        got = remote.score(images, PROMPTS, meta)
+        expected = JpegIncompressibility().score(images, PROMPTS, meta) + torch.arange(8).float()
+        torch.testing.assert_close(got, expected)
+        with pytest.raises(RemoteRewardError, match=r"metadata\[0\] holds more than 184 JSON values"):
+            remote.score(images[:1], PROMPTS[:1], [{"tags": list(range(300))}])

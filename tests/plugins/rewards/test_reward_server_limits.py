@@ -1,6 +1,6 @@
-"""Reward server under hostile input: decompression bombs, oversize and malformed requests, stalled and trickling
-clients, too many connections, missing or wrong tokens. Every failure must get an HTTP answer with a JSON error that
-names the limit; nothing may hold a thread forever or blow up memory.
+"""Reward server under hostile input: decompression bombs, oversize and malformed requests, JSON with too many values
+or nested too deep, stalled and trickling clients, too many connections, missing or wrong tokens. Every failure must
+get an HTTP answer with a JSON error that names the limit; nothing may hold a thread forever or blow up memory.
 
 All servers listen on 127.0.0.1 with a free port; every socket has a timeout, so a regression fails instead of
 hanging.
@@ -168,6 +168,48 @@ def test_malformed_requests_are_400_naming_the_field(payload, message):
     assert status == 400 and message in body["error"], body
 
 
+# ------------------------------------------------------------------------------------------------ JSON limits
+
+MANY_EMPTY_OBJECTS = b'{"images": [' + b",".join([b"{}"] * 1_300_000) + b'], "prompts": []}'  # 3.7 MiB
+
+
+def test_too_many_json_values_are_refused_before_parsing():
+    """4 MB of empty objects used to be parsed into 1.3 million dicts (a 400 about the image count came after
+    ~100 MB); the values are now counted first."""
+    with serving() as address:
+        status, body = post(address, MANY_EMPTY_OBJECTS)
+    assert status == 413, body
+    assert "more than 65536 JSON values; the server's limit is 65536 (--max-json-values)" in body["error"]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"images": [], "prompts": [], "metadata": [' + b'{"a": ' * 40 + b"1" + b"}" * 40 + b"]}",
+    ],
+    ids=["100k-deep-array", "41-deep-metadata"],
+)
+def test_deeply_nested_json_is_a_400_naming_the_limit(payload):
+    """It used to be a 500 with json's RecursionError."""
+    with serving() as address:
+        status, body = post(address, payload)
+    assert status == 400, body
+    assert "nests JSON arrays/objects deeper than 32 levels; the server's limit is 32" in body["error"]
+
+
+def test_json_value_limit_counts_metadata():
+    images = encode_images(make_images(2, size=16))
+    limits = ServerLimits(wire=WireLimits(max_json_values=100))
+    with serving(limits=limits) as address:
+        fits = {"images": images, "prompts": ["a", "b"], "metadata": [{"tags": list(range(40))}, {}]}
+        status, body = post(address, json.dumps(fits).encode())
+        assert status == 200 and len(body["scores"]) == 2
+        over = {**fits, "metadata": [{"tags": list(range(100))}, {}]}
+        status, body = post(address, json.dumps(over).encode())
+        assert status == 413 and "the server's limit is 100 (--max-json-values)" in body["error"]
+
+
 def test_corrupt_and_mixed_size_pngs_are_400():
     truncated = black_png(64, 64)[:-30]
     sizes = encode_images(make_images(1, size=16)) + encode_images(make_images(1, size=24))
@@ -305,7 +347,7 @@ def test_bearer_token():
 
 
 def test_empty_token_is_refused():
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ValueError, match="the bearer token is empty"):
         make_server(JpegIncompressibility(), "127.0.0.1", 0, token="")
 
 
@@ -319,23 +361,36 @@ def _peak_rss_mb(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs /proc to read the server's peak memory")
-def test_server_process_memory_stays_bounded_under_zero_pngs(tmp_path):
-    """The issue's attack on a real server process: 4 all-black 12000x12000 PNGs (a ~10 MB request) took it from
-    0.7 to 4 GB. Now: 413 from the headers, and the peak memory does not move."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "RLPOST_REWARD_TOKEN": ""}
+@contextmanager
+def server_process(*args: str) -> Iterator[tuple[subprocess.Popen, tuple[str, int]]]:
+    """``python -m rlpost_rewards.server`` (JPEG, CPU, no token, a free port on 127.0.0.1) as a real process."""
+    env = {key: value for key, value in os.environ.items() if key != "RLPOST_REWARD_TOKEN"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    command = [sys.executable, "-m", "rlpost_rewards.server", "--reward", "jpeg-compressibility", "--device", "cpu"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlpost_rewards.server", "--reward", "jpeg-compressibility", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+        [*command, "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         assert "serving reward" in line, (line, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
         port = int(line.split("http://127.0.0.1:")[1].split()[0])
-        address = ("127.0.0.1", port)
+        yield proc, ("127.0.0.1", port)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs /proc to read peak memory")
+
+
+@needs_proc
+def test_server_process_memory_stays_bounded_under_zero_pngs():
+    """The issue's attack on a real server process: 4 all-black 12000x12000 PNGs (a ~10 MB request) took it from
+    0.7 to 4 GB. Now: 413 from the headers, and the peak memory does not move."""
+    with server_process() as (proc, address):
         ok_images = encode_images(make_images(2, size=32))
         assert post(address, score_body(ok_images))[0] == 200
         before = _peak_rss_mb(proc.pid)
@@ -344,12 +399,20 @@ def test_server_process_memory_stays_bounded_under_zero_pngs(tmp_path):
         assert status == 413 and "12000x12000" in body["error"]
         after = _peak_rss_mb(proc.pid)
         assert after - before < 100, f"peak RSS {before:.0f} -> {after:.0f} MB"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        for stream in (proc.stdout, proc.stderr):
-            if stream:
-                stream.close()
+
+
+@needs_proc
+def test_server_process_memory_stays_bounded_under_many_json_values():
+    """3.7 MiB of 1.3 million empty JSON objects grew a real server process by 98 MB; the bound documented in
+    docs/rewards.md for the JSON of one request is 3 x body + 100 B x max_json_values (17 MB here)."""
+    bound_mb = (3 * len(MANY_EMPTY_OBJECTS) + 100 * 65536) / 2**20  # 65536: the default --max-json-values
+    with server_process() as (proc, address):
+        assert post(address, score_body(encode_images(make_images(2, size=32))))[0] == 200
+        before = _peak_rss_mb(proc.pid)
+        status, body = post(address, MANY_EMPTY_OBJECTS)
+        after = _peak_rss_mb(proc.pid)
+    assert after - before < bound_mb, f"peak RSS {before:.0f} -> {after:.0f} MB, bound {bound_mb:.1f} MB"
+    assert status == 413, body
 
 
 def test_png_helper_makes_valid_pngs():
