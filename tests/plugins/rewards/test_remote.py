@@ -104,7 +104,7 @@ def test_dead_server_fails_fast_with_clear_error() -> None:
     start = time.monotonic()
     with pytest.raises(RemoteRewardError, match=r"after 3 attempt\(s\).*rlpost_rewards.server") as err:
         remote.setup(torch.device("cpu"))
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 20  # refused at once; generous for a loaded machine
     message = str(err.value)  # one line naming the URL: what a training run prints when its server is down
     assert f"reward server http://127.0.0.1:{port}/health" in message and "ConnectionRefusedError" in message
     assert "\n" not in message
@@ -280,7 +280,7 @@ def test_deadline_bounds_a_call_against_a_trickling_server():
         start = time.monotonic()
         with pytest.raises(RemoteRewardError, match=r"no complete answer within timeout_s=1.0s"):
             remote.setup(torch.device("cpu"))
-        assert time.monotonic() - start < 6  # 2 attempts x 1 s + back-off, with room for a loaded machine
+        assert time.monotonic() - start < 20  # 2 attempts x 1 s + back-off (the server trickles forever), room for a loaded machine
     finally:
         stop.set()
         thread.join(5)
