@@ -3,6 +3,7 @@ without its file list is corrupt, and a torn last line of ``metrics.jsonl`` is r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from rlpost import hookimpl
 from rlpost.apps import cli
 from rlpost.apps.export import export_run
 from rlpost.apps.host import build_host
+from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.checkpoint import CheckpointError, find_checkpoint, read_checkpoint, write_checkpoint
 from rlpost.engine.recipe import validate
@@ -268,6 +270,43 @@ def test_a_run_killed_after_logged_steps_restarts_from_step_0(tmp_path, host, mo
         assert _untimed(run, name) == _untimed(tmp_path / "whole", name)
 
 
+def test_a_restart_hides_the_dropped_attempt_from_tensorboard(tmp_path, host):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    class Fail:
+        @hookimpl
+        def rlpost_after_step(self, run, metrics):
+            if run.step == 2:
+                raise RuntimeError("tracker went away")
+
+    cfg = _eval_cfg(tmp_path / "run", 3)
+    cfg["logging"] = {"tensorboard": True}
+    failing = build_host(load_entrypoints=False, extra_plugins=(toy_components, Fail()))
+    with pytest.raises(PluginRuntimeError):
+        Runner(validate(cfg, failing), failing).run()
+    with pytest.warns(UserWarning, match="restarting the run from step 0"):
+        Runner(validate(cfg, host), host, resume="latest").run()
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward/weighted")] == [1, 2, 3]  # each step once
+    assert [e.step for e in acc.Scalars("eval/toy-brightness")] == [0, 1, 2, 3]
+
+
+def test_damaged_checkpoints_are_neither_overwritten_nor_restarted_over(tmp_path, host, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "get_host", lambda: host)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(_cfg(tmp_path / "run", 1)))
+    assert cli.main(["train", "--recipe", str(recipe)]) == 0
+    (ckpt,) = (tmp_path / "run" / "checkpoints").glob("step_*")
+    (ckpt / "manifest.json").unlink()
+    assert cli.main(["train", "--recipe", str(recipe)]) == 2
+    assert "refusing to overwrite it; its checkpoints lack a readable manifest.json" in capsys.readouterr().err
+    assert cli.main(["train", "--recipe", str(recipe), "--resume", "latest"]) == 2
+    assert "step_000001 lack a readable manifest.json (damaged); repair them, or remove them" in capsys.readouterr().err
+    assert (ckpt / "weights.safetensors").is_file()
+
+
 # ----------------------------------------------------------------------------------------------- integrity (7)
 
 
@@ -328,6 +367,52 @@ def test_manifest_cannot_point_outside_the_checkpoint(tmp_path):
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="outside the checkpoint"):
         read_checkpoint(find_checkpoint("latest", tmp_path))
+
+
+def _rehash(ckpt: Path, name: str, text: str) -> None:
+    """Replace a checkpoint file and update its sha256 in the manifest, so the integrity check passes."""
+    (ckpt / name).write_text(text)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"][name] = hashlib.sha256(text.encode()).hexdigest()
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object, got list"),
+        ("{}", "not a run state (step: missing; prompt_stream: missing; rng: missing; components: missing"),
+        (
+            '{"step": 1, "prompt_stream": {}, "rng": [], "components": {}, "plugins": {}}',
+            "rng: expected dict, got list",
+        ),
+        ('{"__tensor__": "nope"}', "malformed state tree (KeyError"),
+        ("STEP", "step: 5, but manifest.json says 1"),
+        ("RNG", "rng.rollout: expected Tensor, got tuple"),
+        ("PROMPTS", "prompt_stream cannot be restored (ValueError: invalid literal for int()"),
+    ],
+)
+def test_a_rehashed_state_json_that_is_no_run_state_is_named(tmp_path, host, monkeypatch, capsys, text, why):
+    monkeypatch.setattr(cli, "get_host", lambda: host)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(_cfg(tmp_path / "run", 1)))
+    assert cli.main(["train", "--recipe", str(recipe)]) == 0
+    (ckpt,) = (tmp_path / "run" / "checkpoints").glob("step_*")
+    state = json.loads((ckpt / "state.json").read_text())
+    edits = {  # a valid JSON state with one part edited
+        "STEP": {"step": 5},
+        "RNG": {"rng": {**state["rng"], "rollout": state["rng"]["python"]}},
+        "PROMPTS": {"prompt_stream": {**state["prompt_stream"], "epoch": "first"}},
+    }
+    if text in edits:
+        text = json.dumps({**state, **edits[text]})
+    _rehash(ckpt, "state.json", text)
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert cli.main(["train", "--recipe", str(recipe), "--run.max_steps", "2", "--resume", "latest"]) == 2
+    err = capsys.readouterr().err
+    assert f"{ckpt / 'state.json'}: " in err and why in err and "Traceback" not in err
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before  # nothing was changed
 
 
 @pytest.mark.parametrize("torn", ['{"step": 3, "reward/toy-bri', '{"step": 3, "reward', "\x00\x00\x00"])
