@@ -198,8 +198,11 @@ def cmd_export(argv: Sequence[str]) -> int:
         default=None,
         help="license id for the model card (e.g. apache-2.0); default: the base model's, else 'other'",
     )
+    parser.add_argument(
+        "--force", action="store_true", help="overwrite files already in --out (by default the export refuses them)"
+    )
     ns = parser.parse_args(argv)
-    out = export_run(Path(ns.run), Path(ns.out), ns.checkpoint, license=ns.license)
+    out = export_run(Path(ns.run), Path(ns.out), ns.checkpoint, license=ns.license, force=ns.force)
     print(f"exported to {out}", file=sys.stderr)
     return 0
 

@@ -8,6 +8,8 @@ into every checkpoint by :func:`rlpost.engine.weights.write_diffusers_artifacts`
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shutil
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCard, ModelCardData, try_to_load_from_cache
 
-from rlpost.engine.checkpoint import CheckpointError, find_checkpoint, verify_checkpoint
+from rlpost.engine.checkpoint import CheckpointError, find_checkpoint, sha256_file, verify_checkpoint
 from rlpost.engine.evaluation import markdown_table, read_evals
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.weights import LORA_DIR, TRANSFORMER_DIR
@@ -59,7 +61,7 @@ def _base_model(manifest: dict[str, Any], run_dir: Path) -> tuple[str | None, Pa
     if not base:
         try:
             model = RunDirectory(run_dir).stored_recipe().get("model") or {}
-        except FileNotFoundError:
+        except CheckpointError:  # no readable recipe.yaml (export_run refuses that before writing a card)
             model = {}
         base = (model.get("init_args") or {}).get("pretrained") if isinstance(model, dict) else None
     if not isinstance(base, str) or not base:
@@ -181,7 +183,37 @@ def _model_card(manifest: dict[str, Any], run_dir: Path, kind: str, license: str
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
 
-def export_run(run_dir: Path, out: Path, checkpoint: str = "latest", license: str | None = None) -> Path:
+def _check_out(out: Path, checkpoint: Path) -> None:
+    """Refuse an export directory inside the checkpoint, or inside the ``checkpoints/`` folder that holds it, or one
+    that is a file.
+
+    Raises:
+        CheckpointError: ``out`` lies inside the checkpoint or its ``checkpoints/`` folder.
+        FileExistsError: ``out`` exists and is not a directory.
+    """
+    resolved = out.resolve()
+    for inside, why in (
+        (
+            checkpoint,
+            "exporting into the checkpoint would add or replace files its manifest vouches for (corrupting it)",
+        ),
+        (checkpoint.parent, f"{checkpoint.parent} holds only checkpoints"),
+    ):
+        root = inside.resolve()
+        if resolved == root or root in resolved.parents:
+            raise CheckpointError(f"export directory {out} lies inside {inside}: {why}; choose a directory outside it")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"export directory {out} exists and is not a directory")
+
+
+def _holds(path: Path, digest: str) -> bool:
+    """Whether ``path`` is a regular file whose sha256 is ``digest`` (what the export would write there)."""
+    return not path.is_symlink() and path.is_file() and sha256_file(path) == digest
+
+
+def export_run(
+    run_dir: Path, out: Path, checkpoint: str = "latest", license: str | None = None, force: bool = False
+) -> Path:
     """Copy a checkpoint's diffusers-loadable weights to ``out`` with a model card ``README.md``.
 
     The card is a :class:`huggingface_hub.ModelCard` (``ModelCard.load(out / "README.md")`` reads it back) whose
@@ -190,11 +222,19 @@ def export_run(run_dir: Path, out: Path, checkpoint: str = "latest", license: st
     license: ``license`` when given, else the base model's own (read offline from its card), else ``other``; its
     text ends with the run's resolved recipe as a YAML code block.
 
+    The export never overwrites a file it did not write: a file already at one of its paths (the weights, the
+    ``README.md``) that does not hold exactly what the export writes there is refused, all of them named, before
+    anything is written; ``force`` overwrites them. Re-exporting the same checkpoint into the same directory is a
+    no-op.
+
     Raises:
-        CheckpointError: No such checkpoint, a file fails its manifest sha256 (nothing is copied), or it holds no
-            diffusers artefact (the policy has no LoRA or full fine-tune form; its raw trainable weights are in
-            ``weights.safetensors``).
+        CheckpointError: The run directory or its ``recipe.yaml`` is missing or unreadable, no such checkpoint, a
+            file fails its manifest sha256 (nothing is copied), it holds no diffusers artefact (the policy has no
+            LoRA or full fine-tune form; its raw trainable weights are in ``weights.safetensors``), ``out`` lies
+            inside the checkpoint, or ``out`` cannot be written.
+        FileExistsError: ``out`` holds files the export would overwrite (without ``force``), or is a file.
     """
+    RunDirectory(run_dir).stored_recipe()  # the card quotes it: a missing or corrupt one is named, not skipped
     info = find_checkpoint(checkpoint, run_dir)
     verify_checkpoint(info)  # as ``sample`` and ``--resume`` do: never hand out a corrupt artefact
     kinds = [k for k in (LORA_DIR, TRANSFORMER_DIR) if (info.path / k).is_dir()]
@@ -204,18 +244,39 @@ def export_run(run_dir: Path, out: Path, checkpoint: str = "latest", license: st
             "only policies with a LoRA adapter or full fine-tuning can be exported"
         )
     kind = kinds[0]
-    listed = set(info.manifest["files"])
+    digests: dict[str, str] = info.manifest["files"]
     unlisted = sorted(str(f.relative_to(info.path)) for f in (info.path / kind).rglob("*") if f.is_file())
-    unlisted = [f for f in unlisted if f not in listed]
+    unlisted = [f for f in unlisted if f not in digests]
     if unlisted:
         raise CheckpointError(
             f"{info.path}: {unlisted[:5]} are not in the manifest (cannot be verified); not exporting"
         )
-    out.mkdir(parents=True, exist_ok=True)
-    if kind == LORA_DIR:
-        for f in (info.path / LORA_DIR).iterdir():
-            shutil.copy2(f, out / f.name)  # pytorch_lora_weights.safetensors at the top: load_lora_weights(out)
-    else:
-        shutil.copytree(info.path / TRANSFORMER_DIR, out / TRANSFORMER_DIR, dirs_exist_ok=True)
-    _model_card(info.manifest, run_dir, kind, license).save(out / "README.md")
+    # Exactly the files the manifest vouches for (an empty folder in lora/ holds none): a LoRA's at the top of
+    # ``out`` (``load_lora_weights(out)`` finds pytorch_lora_weights.safetensors there), transformer/ as it is.
+    files = sorted(f for f in digests if f.startswith(f"{kind}/"))
+    if not files:
+        raise CheckpointError(f"{info.path / kind}: holds no file the manifest lists; nothing to export")
+    targets = {out / (Path(f).relative_to(kind) if kind == LORA_DIR else Path(f)): f for f in files}
+    _check_out(out, info.path)
+    card = str(_model_card(info.manifest, run_dir, kind, license)).encode("utf-8")
+    readme = out / "README.md"
+    ours = {readme: hashlib.sha256(card).hexdigest(), **{t: digests[f] for t, f in targets.items()}}
+    conflicts = [t for t, digest in ours.items() if os.path.lexists(t) and not _holds(t, digest)]
+    if conflicts and not force:
+        names = ", ".join(str(t.relative_to(out)) for t in conflicts)
+        raise FileExistsError(
+            f"export directory {out} already holds {names}, which the export would overwrite: choose another "
+            "--out, or pass --force to overwrite them"
+        )
+    try:
+        for target, f in targets.items():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_symlink():  # --force replaces the link itself, never the file it points to
+                target.unlink()
+            shutil.copy2(info.path / f, target)
+        if readme.is_symlink():
+            readme.unlink()
+        readme.write_bytes(card)  # what ModelCard.save writes (utf-8, newlines as they are)
+    except OSError as exc:
+        raise CheckpointError(f"export directory {out}: cannot write the export ({exc})") from None
     return out

@@ -13,7 +13,7 @@ from rlpost.core.plugins import PluginHost
 from rlpost.engine.backend import resolve_device
 from rlpost.engine.checkpoint import find_checkpoint, read_checkpoint
 from rlpost.engine.evaluation import ode_sample
-from rlpost.engine.recipe import validate
+from rlpost.engine.recipe import RecipeError, validate
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.weights import load_trainable
 from rlpost.ops.images import save_images
@@ -36,11 +36,13 @@ def sample_run(
     a video model an animated GIF beside it (:func:`rlpost.ops.images.save_images`).
 
     Raises:
-        CheckpointError: No such checkpoint, or its weights do not fit the rebuilt policy.
-        RecipeError: The run's stored recipe no longer validates (e.g. a plugin is missing).
+        CheckpointError: The run directory or its ``recipe.yaml`` is missing or unreadable, no such checkpoint, a
+            checkpoint file is corrupt, or its weights do not fit the rebuilt policy (each names the path).
+        RecipeError: The run's stored recipe no longer validates (e.g. a plugin is missing), or the model cannot
+            read its files.
     """
-    info = find_checkpoint(checkpoint, run_dir)
-    stored = RunDirectory(run_dir).stored_recipe()
+    stored = RunDirectory(run_dir).stored_recipe()  # first: names a missing run directory or recipe.yaml
+    weights, _, ema = read_checkpoint(find_checkpoint(checkpoint, run_dir))  # verified before the model loads
     # Sampling logs nothing and runs in one process: a run trained with TensorBoard, W&B or DeepSpeed must sample on
     # a host without them, so those sections are not validated again; ``device`` replaces the training device.
     for section in ("logging", "distributed"):
@@ -48,8 +50,10 @@ def sample_run(
     if device is not None and isinstance(stored.get("run"), dict):
         stored["run"] = {**stored["run"], "device": device}
     recipe = validate(stored, host)
-    recipe.model.setup(resolve_device(device or recipe.run.device))
-    weights, _, ema = read_checkpoint(info)
+    try:
+        recipe.model.setup(resolve_device(device or recipe.run.device))
+    except OSError as exc:  # unreadable or corrupt base weights (the loader names the file): a bad input, not a bug
+        raise RecipeError([str(exc)]) from None
     load_trainable(recipe.model.trainable_parameters(), ema if ema is not None else weights)
     if num_steps is None:
         num_steps = (

@@ -42,6 +42,7 @@ from rlpost.core.tensor_tree import join_tensors, split_tensors
 
 __all__ = [
     "CHECKPOINT_DIR",
+    "MANIFEST",
     "CheckpointConfig",
     "CheckpointError",
     "CheckpointInfo",
@@ -49,6 +50,7 @@ __all__ = [
     "list_checkpoints",
     "load_tensor_file",
     "read_checkpoint",
+    "sha256_file",
     "rotate",
     "split_tensors",
     "join_tensors",
@@ -81,7 +83,8 @@ class CheckpointConfig:
 
 
 class CheckpointError(Exception):
-    """A checkpoint cannot be written, found or honoured; the message says which and why."""
+    """A checkpoint or a run directory's file cannot be written, found, read or honoured; the message names the file
+    and says why."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,8 @@ def load_tensor_file(path: str | Path) -> dict[str, Tensor]:
     raise CheckpointError(f"{p}: unsupported tensor file type {p.suffix!r} (use .safetensors)")
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The sha256 hex digest of a file, read in 1 MiB chunks (checkpoint files can be gigabytes)."""
     h = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -203,7 +207,7 @@ def write_checkpoint(
         manifest = {
             "format": FORMAT_VERSION,
             "step": step,
-            "files": {f: _sha256(tmp / f) for f in files},
+            "files": {f: sha256_file(tmp / f) for f in files},
             **(manifest_extra or {}),
         }
         # The manifest is written last and fsynced: its presence is what makes the checkpoint complete.
@@ -271,9 +275,10 @@ def find_checkpoint(spec: str, run_dir: Path) -> CheckpointInfo:
     if spec == "latest":
         found = list_checkpoints(run_dir)
         if not found:
+            # Callers say what this means for them (the runner restarts such a run from step 0).
             raise CheckpointError(
-                f"--resume latest: no complete checkpoint in {run_dir / CHECKPOINT_DIR} (a run that stopped before its "
-                "first checkpoint cannot be resumed: start it again without --resume)"
+                f"no complete checkpoint in {run_dir / CHECKPOINT_DIR}: the run has not saved one "
+                "(checkpoint.every, checkpoint.at_end)"
             )
         return found[-1]
     path = Path(spec)
@@ -317,7 +322,7 @@ def verify_checkpoint(info: CheckpointInfo) -> None:
             )
         if not f.is_file():
             raise CheckpointError(f"{info.path}: file {name} listed in the manifest is missing")
-        if _sha256(f) != digest:
+        if sha256_file(f) != digest:
             raise CheckpointError(f"{info.path}: {name} does not match its sha256 in the manifest (corrupt)")
 
 
@@ -325,12 +330,24 @@ def read_checkpoint(info: CheckpointInfo) -> tuple[dict[str, Tensor], dict[str, 
     """Load ``(weights, state, ema)`` of a checkpoint (safetensors + JSON only), verifying file hashes first.
 
     Raises:
-        CheckpointError: The manifest has no file list, a listed file is missing or its sha256 does not match.
+        CheckpointError: The manifest has no file list, a listed file is missing or its sha256 does not match, or
+            ``state.json`` is not a JSON object whose tensor references resolve (a file re-hashed after an edit
+            passes the sha256 check): each names the file.
     """
     verify_checkpoint(info)
     weights = load_tensor_file(info.path / "weights.safetensors")
     tensors = load_tensor_file(info.path / "state.safetensors")
-    state = join_tensors(json.loads((info.path / "state.json").read_text()), tensors)
+    state_file = info.path / "state.json"
+    try:
+        tree = json.loads(state_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{state_file}: not valid JSON ({exc})") from None
+    if not isinstance(tree, dict):
+        raise CheckpointError(f"{state_file}: expected a JSON object, got {type(tree).__name__}")
+    try:
+        state = join_tensors(tree, tensors)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{state_file}: malformed state tree ({type(exc).__name__}: {exc})") from None
     ema_file = info.path / "ema.safetensors"
     ema = load_tensor_file(ema_file) if ema_file.is_file() else None
     return weights, state, ema

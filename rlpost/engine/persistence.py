@@ -24,12 +24,15 @@ import yaml
 
 from rlpost.components.prompts import PromptStream
 from rlpost.core.context import RunContext
+from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.backend import EngineBackend
 from rlpost.engine.checkpoint import (
+    MANIFEST,
     CheckpointError,
     CheckpointInfo,
     find_checkpoint,
+    list_checkpoints,
     read_checkpoint,
     rotate,
     write_checkpoint,
@@ -40,7 +43,16 @@ from rlpost.engine.recipe import Recipe, state_breaking_changes
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.weights import write_diffusers_artifacts
 
-__all__ = ["RunState", "gather_state", "load_checkpoint", "published_weights", "restore_state", "save_checkpoint"]
+__all__ = [
+    "RunState",
+    "check_resume",
+    "gather_state",
+    "load_checkpoint",
+    "published_weights",
+    "restore_state",
+    "save_checkpoint",
+    "state_problems",
+]
 
 
 @dataclass(frozen=True)
@@ -115,34 +127,94 @@ def gather_state(run: RunState) -> dict[str, Any]:
     }
 
 
-def restore_state(run: RunState, state: dict[str, Any]) -> None:
-    """Restore what :func:`gather_state` returned into ``run``'s parts; calls ``rlpost_load_state``."""
+# What restore_state needs from a state tree, and of which type (gather_state writes all of it).
+_STATE_LAYOUT: tuple[tuple[str, type], ...] = (
+    ("step", int),
+    ("prompt_stream", dict),
+    ("rng", dict),
+    ("rng.rollout", torch.Tensor),
+    ("rng.minibatch", torch.Tensor),
+    ("components", dict),
+    ("components.sampler", dict),
+    ("components.advantage", dict),
+    ("components.optimizer", dict),
+    ("components.rewards", dict),
+    ("plugins", dict),
+)
+
+
+def state_problems(state: dict[str, Any]) -> list[str]:
+    """What is missing from a state tree or of the wrong type (e.g. a hand-edited ``state.json``), by dotted key."""
+    problems = []
+    for key, kind in _STATE_LAYOUT:
+        *parents, leaf = key.split(".")
+        node: Any = state
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue  # its parent is missing or of the wrong type: reported already
+        if leaf not in node:
+            problems.append(f"{key}: missing")
+        elif not isinstance(node[leaf], kind) or isinstance(node[leaf], bool):
+            problems.append(f"{key}: expected {kind.__name__}, got {type(node[leaf]).__name__}")
+    return problems
+
+
+@contextlib.contextmanager
+def _restoring(source: str, part: str) -> Iterator[None]:
+    """Turn a part of the state that does not fit what it is loaded into (torch, NumPy and the components raise
+    ``KeyError``/``TypeError``/``ValueError``/...) into a :class:`CheckpointError` naming the file and the part;
+    a plugin's own failure keeps naming the plugin."""
+    try:
+        yield
+    except PluginRuntimeError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        raise CheckpointError(f"{source}: {part} cannot be restored ({type(exc).__name__}: {exc})") from None
+
+
+def restore_state(run: RunState, state: dict[str, Any], source: str = "the run state") -> None:
+    """Restore what :func:`gather_state` returned into ``run``'s parts; calls ``rlpost_load_state``.
+
+    Raises:
+        CheckpointError: ``state`` lacks a part or a part does not fit (named with ``source``, e.g. the
+            checkpoint's ``state.json``).
+    """
+    problems = state_problems(state)
+    if problems:
+        raise CheckpointError(f"{source}: not a run state ({'; '.join(problems[:5])})")
     r, backend = run.recipe, run.backend
     run.ctx.step = int(state["step"])
-    run.stream.load_state_dict(state["prompt_stream"])
+    with _restoring(source, "prompt_stream"):
+        run.stream.load_state_dict(state["prompt_stream"])
     rng = state["rng"]
-    run.rollout_gen.set_state(rng["rollout"])
-    run.minibatch_gen.set_state(rng["minibatch"])
-    if "torch" in rng:
-        torch.set_rng_state(rng["torch"])
-        random.setstate(_as_tuple(rng["python"]))
-        np.random.set_state(rng["numpy"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    if "torch_optimizer" in state:
-        backend.optimizer.load_state_dict(state["torch_optimizer"])
-    if state.get("lr_scheduler") is not None and backend.scheduler is not None:
-        backend.scheduler.load_state_dict(state["lr_scheduler"])
-    counters = state.get("backend", {})
-    backend.num_steps = int(counters.get("num_steps", 0))
-    backend.skipped_steps = int(counters.get("skipped_steps", 0))
-    run.guards.skipped_steps = int(state.get("guards", {}).get("skipped_steps", 0))
+    with _restoring(source, "rng"):
+        run.rollout_gen.set_state(rng["rollout"])
+        run.minibatch_gen.set_state(rng["minibatch"])
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+            random.setstate(_as_tuple(rng["python"]))
+            np.random.set_state(rng["numpy"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+    with _restoring(source, "torch_optimizer"):
+        if "torch_optimizer" in state:
+            backend.optimizer.load_state_dict(state["torch_optimizer"])
+    with _restoring(source, "lr_scheduler"):
+        if state.get("lr_scheduler") is not None and backend.scheduler is not None:
+            backend.scheduler.load_state_dict(state["lr_scheduler"])
+    with _restoring(source, "backend/guards counters"):
+        counters = state.get("backend", {})
+        backend.num_steps = int(counters.get("num_steps", 0))
+        backend.skipped_steps = int(counters.get("skipped_steps", 0))
+        run.guards.skipped_steps = int(state.get("guards", {}).get("skipped_steps", 0))
     comps = state["components"]
-    r.sampler.load_state_dict(comps["sampler"])
-    r.advantage.load_state_dict(comps["advantage"])
-    r.optimizer.load_state_dict(comps["optimizer"])
+    for name in ("sampler", "advantage", "optimizer"):
+        with _restoring(source, f"components.{name}"):
+            getattr(r, name).load_state_dict(comps[name])
     for reward in r.rewards:
-        reward.load_state_dict(comps["rewards"].get(reward.name, {}))
+        with _restoring(source, f"components.rewards.{reward.name}"):
+            reward.load_state_dict(comps["rewards"].get(reward.name, {}))
     run.host.load_state(run.ctx, state["plugins"])
 
 
@@ -216,16 +288,20 @@ def load_checkpoint(run: RunState, info: CheckpointInfo) -> None:
         CheckpointError: The checkpoint does not verify, or the recipe enables EMA and it holds no EMA weights.
     """
     weights, state, ema = read_checkpoint(info)
+    source = str(info.path / "state.json")
+    problems = state_problems(state)  # checked before any weight is replaced
+    if not problems and state["step"] != info.step:
+        problems.append(f"step: {state['step']}, but {MANIFEST} says {info.step}")
+    if problems:
+        raise CheckpointError(f"{source}: not a run state ({'; '.join(problems[:5])})")
     run.backend.load_full_state_dict(weights)
     if run.ema is not None:
         if ema is None:
             raise CheckpointError(f"{info.path}: the recipe enables ema but the checkpoint holds no EMA weights")
         run.ema.load_state_dict(ema)
-    restore_state(run, state)
-    config = run.recipe.config
-    changed = sorted(
-        k for k in set(config) | set(run.rundir.stored_recipe()) if config.get(k) != run.rundir.stored_recipe().get(k)
-    )
+    restore_state(run, state, source)
+    config, stored = run.recipe.config, run.rundir.stored_recipe()
+    changed = sorted(k for k in set(config) | set(stored) if config.get(k) != stored.get(k))
     if run.ctx.is_main_process:  # truncates metrics and records the resume: rank 0 only
         run.ctx.history = run.rundir.reopen(run.ctx.step, str(info.path), changed)
     run.barrier()
@@ -238,7 +314,9 @@ def _as_tuple(obj: Any) -> Any:
     return obj
 
 
-def check_resume(resume: str, run_dir: Path, config: dict[str, Any], seed: int) -> tuple[CheckpointInfo, Path, int]:
+def check_resume(
+    resume: str, run_dir: Path, config: dict[str, Any], seed: int
+) -> tuple[CheckpointInfo | None, Path, int]:
     """Where a resume continues, checked before anything heavy loads.
 
     Args:
@@ -249,20 +327,23 @@ def check_resume(resume: str, run_dir: Path, config: dict[str, Any], seed: int) 
 
     Returns:
         The checkpoint, the run directory it belongs to (a resume always continues the checkpoint's own run
-        directory) and the seed to use: the stored one (a changed ``run.seed`` is ignored, with a warning).
+        directory) and the seed to use: the stored one (a changed ``run.seed`` is ignored, with a warning). The
+        checkpoint is ``None`` for ``"latest"`` in a run directory without one: the run restarts from step 0 in it
+        (:meth:`rlpost.engine.rundir.RunDirectory.check_restart`), with this recipe and seed.
 
     Raises:
-        CheckpointError: No such checkpoint, no stored recipe, or the recipe changed in a way the checkpoint cannot
-            honour (:func:`rlpost.engine.recipe.state_breaking_changes`).
+        CheckpointError: No such checkpoint, a run that cannot be restarted, no or an unreadable stored recipe, or
+            the recipe changed in a way the checkpoint cannot honour
+            (:func:`rlpost.engine.recipe.state_breaking_changes`).
     """
     import warnings
 
+    if resume == "latest" and not list_checkpoints(run_dir):
+        RunDirectory(run_dir).check_restart()
+        return None, run_dir, seed
     info = find_checkpoint(resume, run_dir)
     own = info.path.parent.parent
-    try:
-        stored = RunDirectory(own).stored_recipe()
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"cannot resume: {exc}") from None
+    stored = RunDirectory(own).stored_recipe()
     breaking = state_breaking_changes(stored, config)
     if breaking:
         raise CheckpointError(

@@ -38,7 +38,7 @@ from rlpost.engine.overlap import sample_and_score
 from rlpost.engine.persistence import RunState
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
 from rlpost.engine.ratio_guard import RatioCheck, check_speedups
-from rlpost.engine.recipe import Recipe
+from rlpost.engine.recipe import Recipe, RecipeError
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.scoring import score_rollout
 from rlpost.engine.sharding import (
@@ -101,29 +101,41 @@ class Runner:
 
     def setup(self) -> None:
         """Create (or reopen, when resuming) the run directory, load weights, build the torch optimizer, the prompt
-        stream, EMA, evaluator and trackers; then restore the checkpoint when resuming. With ``run.accelerate`` on,
-        the speed-ups are applied after the model loads and the ratio guard runs last.
+        stream, EMA, evaluator and trackers; then restore the checkpoint when resuming (``--resume latest`` without
+        one restarts from step 0, :mod:`rlpost.engine.rundir`). With ``run.accelerate`` on, the speed-ups are applied
+        after the model loads and the ratio guard runs last.
 
         Raises:
-            CheckpointError: The resume cannot be honoured (checked before any weights load).
+            CheckpointError: The resume cannot be honoured (checked before any weights load) or the run directory
+                cannot be written; ``FileExistsError``: a new run's directory holds a run that trained.
+            RecipeError: The model or a reward cannot read its files (e.g. corrupt weights, named by the loader).
             SpeedupRatioError: The speed-ups change the importance ratio beyond ``run.accelerate.ratio_tolerance``.
         """
         r = self.recipe
-        checkpoint = self._check_resume() if self.resume is not None else None
+        checkpoint: CheckpointInfo | None = None
+        if self.resume is not None:  # continues the checkpoint's own run directory and seed (None: restart from 0)
+            checkpoint, run_dir, self.seed = persistence.check_resume(
+                self.resume, self.rundir.path, r.config, self.seed
+            )
+            self.rundir, self.ctx.output_dir, self.shard.seed = RunDirectory(run_dir), run_dir, self.seed
         if r.distributed is not None:
             self._start_world()
+        earlier = False  # an attempt without a checkpoint had logged here (a resume without one restarts it)
         if checkpoint is None and self.ctx.is_main_process:
-            self.rundir.create(r.config, self.host.plugins(include_builtin=True))
+            earlier = self.rundir.create(r.config, self.host.plugins(include_builtin=True), self.resume is not None)
         self.shard.barrier()  # rank 0 created the run directory
         # The global RNGs drive weight initialisation (e.g. LoRA's A matrices) and dropout: seed them so two runs of
         # one recipe start from the same weights (a resume then restores their saved states).
         torch.manual_seed(self.seed)
         random.seed(self.seed)
         np.random.seed(self.seed % 2**32)
-        r.model.setup(self.device)
-        apply_acceleration(r.model, r.run.accelerate)
-        for reward in r.rewards:
-            reward.setup(self.device)
+        try:  # unreadable or corrupt weights (the loaders name the file) are a bad input, not a bug
+            r.model.setup(self.device)
+            apply_acceleration(r.model, r.run.accelerate)
+            for reward in r.rewards:
+                reward.setup(self.device)
+        except OSError as exc:
+            raise RecipeError([str(exc)]) from None
         params = r.model.trainable_parameters()
         optimizer = r.torch_optimizer(params)
         scheduler = r.lr_scheduler(optimizer) if r.lr_scheduler is not None else None
@@ -145,7 +157,8 @@ class Runner:
             self.evaluator = Evaluator(r.eval, r.model, self.rundir.path, r.reward_frames.reduction)
             self.evaluator.setup(self.device, already_set_up=r.rewards)
         if self.ctx.is_main_process:
-            resumed = checkpoint.step if checkpoint is not None else None
+            # A start over an earlier attempt logs step 0 again: TensorBoard hides that attempt's events from 0 on.
+            resumed = checkpoint.step if checkpoint is not None else (-1 if earlier else None)
             self.logger = MetricsLogger(self.rundir, r.logging, self.rundir.path.name, r.config, resumed)
         self._state = RunState(
             recipe=r,
@@ -174,19 +187,6 @@ class Runner:
         self.device = world.device
         self.ctx.rank, self.ctx.world_size = world.rank, world.world_size
         self.shard = GroupSharding(self.seed, world.rank, world.world_size, world.all_gather, world.barrier)
-
-    def _check_resume(self) -> CheckpointInfo:
-        """Find the checkpoint and compare the stored recipe with this one, before anything heavy loads
-        (:func:`rlpost.engine.persistence.check_resume`); the run continues the checkpoint's own directory and seed."""
-        assert self.resume is not None
-        info, run_dir, self.seed = persistence.check_resume(
-            self.resume, self.rundir.path, self.recipe.config, self.seed
-        )
-        if run_dir.resolve() != self.rundir.path.resolve():
-            self.rundir = RunDirectory(run_dir)
-            self.ctx.output_dir = run_dir
-        self.shard.seed = self.seed
-        return info
 
     # ------------------------------------------------------------------------------------------------- steps
 

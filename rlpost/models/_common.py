@@ -37,6 +37,21 @@ from rlpost.ops.schedules import TIME_GRIDS, TimeGrid
 __all__ = ["DiffusersTransformerPolicy", "PromptCache"]
 
 
+def _unreadable_safetensors(directory: Path) -> list[str]:
+    """The ``<component>/*.safetensors`` files of a pipeline directory whose header does not read (truncated, empty
+    or not safetensors at all): what a failed ``from_pretrained`` tripped on, named for the error message."""
+    from safetensors import safe_open
+
+    bad = []
+    for f in sorted(directory.glob("*/*.safetensors")) if directory.is_dir() else []:
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception:  # noqa: BLE001 - SafetensorError (not an OSError subclass) or OSError
+            bad.append(str(f))
+    return bad
+
+
 class PromptCache:
     """Per-prompt-string cache of encoder outputs: each prompt is encoded once per process.
 
@@ -197,8 +212,10 @@ class DiffusersTransformerPolicy(Policy):
                 )
         except Exception as e:  # diffusers raises OSError/ValueError/EnvironmentError with terse messages
             where = "local directory" if is_local_path(self.pretrained) else "hub id (local cache only)"
+            bad = _unreadable_safetensors(Path(source))  # transformers' SafetensorError names no file
+            named = f" (not readable safetensors: {', '.join(bad)})" if bad else ""
             raise OSError(
-                f"{type(self).__name__}: could not load {where} {self.pretrained!r}: {type(e).__name__}: {e}"
+                f"{type(self).__name__}: could not load {where} {self.pretrained!r}: {type(e).__name__}: {e}{named}"
             ) from e
 
     def _prepare(self, pipe: Any, factor: int, factor_meaning: str) -> None:

@@ -202,3 +202,110 @@ def test_model_card_recipe_fence_outlasts_backticks_in_the_recipe(tmp_path):
     fence = "`" * 5  # one longer than the longest run inside
     block = text.split(f"{fence}yaml\n", 1)[1].split(f"\n{fence}\n", 1)[0]
     assert yaml.safe_load(block) == {"prompts": ["a sign reading ``` and ````"]}
+
+
+# ------------------------------------------------------------------------ what export writes, and where it refuses
+
+
+def _checkpointed_run(run, lora_files=("pytorch_lora_weights.safetensors",)):
+    """A run directory (its recipe.yaml) with one checkpoint whose ``lora/`` holds ``lora_files``."""
+    from safetensors.torch import save_file
+
+    from rlpost.engine.checkpoint import write_checkpoint
+    from tests.toy_components import toy_recipe
+
+    def lora(directory):
+        for name in lora_files:
+            (directory / "lora" / name).parent.mkdir(parents=True, exist_ok=True)
+            save_file({"lora_A.weight": torch.ones(4, 2)}, str(directory / "lora" / name))
+
+    run.mkdir()
+    (run / "recipe.yaml").write_text(yaml.safe_dump(toy_recipe(str(run))))
+    return write_checkpoint(
+        run, 1, {"trainable.0000": torch.ones(2)}, {"step": 1}, extra=lora, manifest_extra={**MANIFEST, "step": 1}
+    )
+
+
+def test_export_never_overwrites_a_file_it_did_not_write(tmp_path, capsys):
+    run, out = tmp_path / "run", tmp_path / "out"
+    _checkpointed_run(run)
+    out.mkdir()
+    (out / "README.md").write_text("my notes\n")
+    assert cli.main(["export", "--run", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"export directory {out} already holds README.md" in err and "--force" in err
+    assert (out / "README.md").read_text() == "my notes\n"
+    assert not (out / "pytorch_lora_weights.safetensors").exists()  # refused before anything was written
+    assert cli.main(["export", "--run", str(run), "--out", str(out), "--force"]) == 0
+    assert ModelCard.load(out / "README.md").data.library_name == "diffusers"
+    written = {f.name: f.read_bytes() for f in out.iterdir()}
+    # Exporting the same checkpoint again writes exactly what is there: nothing to refuse.
+    assert cli.main(["export", "--run", str(run), "--out", str(out)]) == 0
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == written
+
+
+def test_export_force_replaces_a_link_not_the_file_it_points_to(tmp_path):
+    from rlpost.apps.export import export_run
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    _checkpointed_run(run)
+    out.mkdir()
+    elsewhere = tmp_path / "precious.md"
+    elsewhere.write_text("keep me\n")
+    (out / "README.md").symlink_to(elsewhere)
+    with pytest.raises(FileExistsError, match="README.md"):
+        export_run(run, out)
+    export_run(run, out, force=True)
+    assert elsewhere.read_text() == "keep me\n" and not (out / "README.md").is_symlink()
+
+
+@pytest.mark.parametrize("inside", ["lora", ".", "../.."], ids=["its-lora", "the-checkpoint", "the-run"])
+def test_export_into_the_checkpoint_is_refused(tmp_path, capsys, inside):
+    run = tmp_path / "run"
+    ckpt = _checkpointed_run(run)
+    files = sorted(p for p in ckpt.rglob("*"))
+    out = (ckpt / inside).resolve()
+    status = cli.main(["export", "--run", str(run), "--out", str(out)])
+    if inside == "../..":  # the run directory itself is a place like any other
+        assert status == 0 and (run / "pytorch_lora_weights.safetensors").is_file()
+        return
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "lies inside" in err and "corrupting it" in err and "Traceback" not in err
+    assert sorted(p for p in ckpt.rglob("*")) == files
+
+
+def test_export_copies_only_what_the_manifest_lists(tmp_path):
+    from rlpost.apps.export import export_run
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    ckpt = _checkpointed_run(run, ("pytorch_lora_weights.safetensors", "extra/adapter_config.safetensors"))
+    (ckpt / "lora" / "empty").mkdir()  # an empty folder: nothing to copy, not an error
+    export_run(run, out)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
+        "README.md",
+        "extra/adapter_config.safetensors",
+        "pytorch_lora_weights.safetensors",
+    ]
+    assert not (out / "empty").exists()
+
+
+def test_export_and_sample_name_a_missing_or_broken_run_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "get_host", lambda: build_host(load_entrypoints=False, extra_plugins=(toy_components,)))
+    run = tmp_path / "run"
+    for command in (["export"], ["sample", "--prompt", "a cat"]):
+        args = [*command, "--run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]
+        assert cli.main(args) == 2
+        err = capsys.readouterr().err
+        assert f"run directory {tmp_path / 'nowhere'} does not exist" in err and "--resume" not in err
+    _checkpointed_run(run)
+    (run / "recipe.yaml").write_text("run: {seed: [\n")
+    for command in (["export"], ["sample", "--prompt", "a cat"]):
+        assert cli.main([*command, "--run", str(run), "--out", str(tmp_path / "o")]) == 2
+        assert f"{run / 'recipe.yaml'}: not a readable YAML recipe" in capsys.readouterr().err
+    (run / "recipe.yaml").unlink()
+    for command in (["export"], ["sample", "--prompt", "a cat"]):
+        assert cli.main([*command, "--run", str(run), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert f"{run / 'recipe.yaml'} not found" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()

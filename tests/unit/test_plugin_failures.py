@@ -165,3 +165,37 @@ def test_cli_prints_one_line_naming_the_plugin(tmp_path, capsys):
     err = [line for line in stderr.splitlines() if line.startswith("rlpost train:")]
     assert len(err) == 1 and "'flaky-reward'" in err[0] and "distribution '<local>'" in err[0]
     assert "Traceback" not in stderr
+
+
+def test_raising_hook_before_the_first_checkpoint_leaves_a_run_to_restart(tmp_path, capsys):
+    from rlpost.apps.cli import main
+
+    cfg = _cfg(tmp_path, "stop")
+    cfg["checkpoint"] = {"every": 0}  # the hook fails at step 2, before any checkpoint
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(cfg))
+    reset_host(_host(HookPlugin(fail_hook=True)))
+    try:
+        with pytest.warns(UserWarning, match="rlpost_after_run"):
+            assert main(["train", "--recipe", str(recipe)]) == 4
+        reset_host(_host())  # the plugin fixed
+        capsys.readouterr()
+        # A new run would overwrite the logged steps: refused, pointing at the way that works ...
+        assert main(["train", "--recipe", str(recipe)]) == 2
+        err = capsys.readouterr().err
+        assert "refusing to overwrite" in err and "--resume latest starts it again from step 0" in err
+        # ... which restarts the run from step 0 in its directory.
+        with pytest.warns(UserWarning, match="restarting the run from step 0"):
+            assert main(["train", "--recipe", str(recipe), "--resume", "latest"]) == 0
+    finally:
+        reset_host(None)
+    run = tmp_path / "run"
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    host = _host()
+    fresh = Runner(
+        validate(toy_recipe(str(tmp_path / "fresh"), max_steps=3) | {"checkpoint": {"every": 0}}, host), host
+    )
+    untimed = [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in fresh.run()]
+    logged = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [{k: v for k, v in m.items() if not k.startswith("perf/") and k != "step"} for m in logged] == untimed

@@ -102,7 +102,7 @@ def test_resume_after_crash_truncates_later_metrics(tmp_path, host):
 def test_resume_errors(tmp_path, host):
     with pytest.raises(CheckpointError, match="not found"):
         Runner(validate(_cfg(tmp_path / "x", 2), host), host, resume=str(tmp_path / "missing")).setup()
-    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+    with pytest.raises(CheckpointError, match="holds no run to resume"):
         Runner(validate(_cfg(tmp_path / "x", 2), host), host, resume="latest").setup()
     Runner(validate(_cfg(tmp_path / "r", 1), host), host).run()
     changed = _cfg(tmp_path / "r", 2)
@@ -126,7 +126,7 @@ def test_resume_cli_exit_codes(tmp_path, host, monkeypatch, capsys):
     assert cli.main(["train", "--recipe", str(recipe), "--resume", str(tmp_path / "nope")]) == 2
     assert "checkpoint path not found" in capsys.readouterr().err
     assert cli.main(["train", "--recipe", str(recipe), "--resume", "latest"]) == 2
-    assert "no complete checkpoint" in capsys.readouterr().err
+    assert "holds no run to resume (no recipe.yaml): start it without --resume" in capsys.readouterr().err
     assert cli.main(["train", "--recipe", str(recipe)]) == 0
     assert cli.main(["train", "--recipe", str(recipe), "--model.scale", "0.5", "--resume", "latest"]) == 2
     assert "model: changed" in capsys.readouterr().err
