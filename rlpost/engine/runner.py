@@ -40,7 +40,7 @@ from rlpost.engine.phases import STEP_PHASES, PhaseTimer
 from rlpost.engine.ratio_guard import RatioCheck, check_speedups
 from rlpost.engine.recipe import Recipe, RecipeError
 from rlpost.engine.rundir import RunDirectory
-from rlpost.engine.scoring import score_rollout
+from rlpost.engine.scoring import score_rollout, set_up_rewards
 from rlpost.engine.sharding import (
     STREAM_MINIBATCH,
     STREAM_ROLLOUT,
@@ -132,8 +132,7 @@ class Runner:
         try:  # unreadable or corrupt weights (the loaders name the file) are a bad input, not a bug
             r.model.setup(self.device)
             apply_acceleration(r.model, r.run.accelerate)
-            for reward in r.rewards:
-                reward.setup(self.device)
+            set_up_rewards(r.rewards, self.device, self.host)
         except OSError as exc:
             raise RecipeError([str(exc)]) from None
         params = r.model.trainable_parameters()
@@ -155,7 +154,7 @@ class Runner:
             self.ema = EMA(params, r.ema, self.backend.weight_shards())
         if r.eval is not None:
             self.evaluator = Evaluator(r.eval, r.model, self.rundir.path, r.reward_frames.reduction)
-            self.evaluator.setup(self.device, already_set_up=r.rewards)
+            self.evaluator.setup(self.device, self.host, already_set_up=r.rewards)
         if self.ctx.is_main_process:
             # A start over an earlier attempt logs step 0 again: TensorBoard hides that attempt's events from 0 on.
             resumed = checkpoint.step if checkpoint is not None else (-1 if earlier else None)

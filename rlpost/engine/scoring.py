@@ -26,7 +26,7 @@ from rlpost.core.plugins import PluginHost
 from rlpost.engine.guards import Guards
 from rlpost.ops.media import FrameReduction, expected_scores, reduce_frames, reward_inputs
 
-__all__ = ["reward_problem", "score_rollout"]
+__all__ = ["reward_problem", "score_rollout", "set_up_rewards"]
 
 
 def score_rollout(
@@ -76,6 +76,28 @@ def score_rollout(
         guards.finite_mask("reward", values, f"reward {reward.name!r}")
         scores[reward.name] = values
     return RewardScores(scores=scores, weights=weights)
+
+
+def set_up_rewards(rewards: Sequence[RewardSource], device: torch.device, host: PluginHost) -> None:
+    """Call each reward source's ``setup`` (load its model, reach its server).
+
+    A source whose set-up raises is named with its plugin, like one that fails while scoring, instead of escaping as
+    a traceback: a reward server that cannot be reached ends the run with one line naming the URL (the remote
+    reward's error says it). ``OSError`` passes through unchanged: an unreadable checkpoint file is a bad input that
+    the caller reports as such.
+
+    Raises:
+        PluginRuntimeError: A source's ``setup`` raised anything but ``OSError``.
+    """
+    for reward in rewards:
+        try:
+            reward.setup(device)
+        except OSError:
+            raise
+        except Exception as exc:
+            distribution, plugin = host.component_origin("reward", reward)
+            problem = f"setup {reward_problem(exc, 0)}"
+            raise PluginRuntimeError(distribution, plugin, f"reward {reward.name!r}", problem) from exc
 
 
 def reward_problem(raw: Any, n: int) -> str | None:

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from rlpost.core.api import Policy, RewardSource
 from rlpost.core.context import RunContext
+from rlpost.core.plugins import PluginHost
 from rlpost.engine.evaluation.alarm import RewardHackingAlarm
 from rlpost.engine.evaluation.config import EvalSpec
 from rlpost.engine.evaluation.grids import log_grids, save_set_images
@@ -37,6 +38,7 @@ from rlpost.engine.evaluation.records import append_record, eval_record
 from rlpost.engine.evaluation.sampler import ode_sample
 from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.phases import PhaseTimer
+from rlpost.engine.scoring import set_up_rewards
 from rlpost.ops.media import FrameReduction, stack_frames
 
 __all__ = ["Evaluator", "run"]
@@ -79,16 +81,21 @@ class Evaluator:
         """Every evaluation prompt, set after set (empty before :meth:`setup`)."""
         return [p for items in self.items.values() for p, _ in items]
 
-    def setup(self, device: torch.device, already_set_up: Sequence[RewardSource] = ()) -> None:
+    def setup(self, device: torch.device, host: PluginHost, already_set_up: Sequence[RewardSource] = ()) -> None:
         """Load every set's prompts and set up the evaluation rewards and judges not shared with training.
+
+        Args:
+            device: Where the rewards and judges run.
+            host: The plugin host, to name the plugin of a reward or judge whose set-up fails.
+            already_set_up: Sources the training loop set up already (the same objects are not set up twice).
 
         Raises:
             ValueError: When a prompt source returns no prompts (naming its field).
+            PluginRuntimeError: A reward's or judge's set-up raised (:func:`rlpost.engine.scoring.set_up_rewards`).
         """
         self.items = load_sets(self.spec.sets)
-        for reward in [*self.spec.rewards, *self.spec.judges]:
-            if not any(reward is r for r in already_set_up):
-                reward.setup(device)
+        pending = [r for r in [*self.spec.rewards, *self.spec.judges] if not any(r is done for done in already_set_up)]
+        set_up_rewards(pending, device, host)
 
     def due(self, step: int, max_steps: int) -> bool:
         """Whether to evaluate after ``step`` completed steps (step 0, every ``every``, and the last step)."""

@@ -1,11 +1,6 @@
-"""A training run whose reward server is not listening: ``rlpost train`` should end with one line naming the URL and
-exit status 4 (a plugin failure, ``PluginRuntimeError``; docs/checkpoints.md), not a traceback.
-
-The client's side is done (``RemoteRewardError`` names the URL in one line, ``test_remote.py``); the run's side needs
-``Runner.setup`` to report a reward whose ``setup`` raises as a ``PluginRuntimeError`` naming its plugin, as
-``rlpost/engine/scoring.py`` already does for ``score``. Until then the error escapes ``main()`` and this test is an
-expected failure; it is strict, so it fails as soon as that lands and the marker must go.
-"""
+"""A training run whose reward server is not listening ends with one line naming the URL and exit status 4 (a plugin
+failure, ``PluginRuntimeError``: the reward's ``setup`` error is named with its plugin by
+``rlpost.engine.scoring.set_up_rewards``), not a traceback; the run directory it leaves does not block the rerun."""
 
 from __future__ import annotations
 
@@ -16,17 +11,11 @@ import pytest
 import yaml
 
 from rlpost.apps.cli import main
-from rlpost_rewards.remote import RemoteRewardError
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=RemoteRewardError,
-    reason="Runner.setup lets a reward's setup error escape main() instead of raising PluginRuntimeError",
-)
 def test_unreachable_reward_server_ends_the_run_with_one_line_naming_the_url(tmp_path, capsys):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -45,3 +34,4 @@ def test_unreachable_reward_server_ends_the_run_with_one_line_naming_the_url(tmp
     last = err.strip().splitlines()[-1]
     assert last.startswith("rlpost train: reward 'remote'") and f"{url}/health" in last, err
     assert "Traceback" not in err
+    assert main(["train", "--recipe", str(path)]) == 4, "the identical rerun must fail the same way, not be refused"
