@@ -6,7 +6,7 @@
     rlpost validate --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...]
     rlpost sample   --run DIR [--checkpoint latest|PATH] (--prompt "..." ... | --prompts-file F) --out DIR
                     [--num-steps N] [--seed S] [--batch-size B] [--device D]
-    rlpost export   --run DIR --out DIR [--checkpoint latest|PATH]
+    rlpost export   --run DIR --out DIR [--checkpoint latest|PATH] [--license ID] [--force]
     rlpost plugins list [--json] [--all]
     rlpost recipes  list [--json] | copy NAME DEST [--force]     (the shipped recipes, to start your own from)
     rlpost --version
@@ -289,6 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
         return 2
     except (UsageError, FileExistsError, CheckpointError) as exc:
+        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file the command reads or writes failed (disk full, permissions): its message names it
         print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
         return 2
     except NonFiniteError as exc:
