@@ -21,12 +21,12 @@ import socket
 import threading
 import time
 import urllib.parse
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from rlpost import RewardSource
+from rlpost import InvalidArguments, Range, RewardSource
 
 from ._common import check_images, check_scores
 from ._wire import WireLimits, encode_images, jsonable_metadata
@@ -78,23 +78,25 @@ class RemoteReward(RewardSource):
     def __init__(
         self,
         url: str = "http://127.0.0.1:8765",
-        timeout_s: float = 120.0,
-        retries: int = 3,
-        backoff_s: float = 0.5,
+        timeout_s: Annotated[float, Range(gt=0)] = 120.0,
+        retries: Annotated[int, Range(ge=0)] = 3,
+        backoff_s: Annotated[float, Range(ge=0)] = 0.5,
         expect_reward: str | None = None,
         token_env: str | None = "RLPOST_REWARD_TOKEN",
     ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{self.name}: url must look like http://host:port or https://host, got {url!r}")
+            raise InvalidArguments(
+                type(self).__name__, {"url": f"must look like http://host:port or https://host, got {url!r}"}
+            )
         if parts.query or parts.fragment or parts.username or parts.password:
-            raise ValueError(f"{self.name}: url must not carry credentials, a query or a fragment, got {url!r}")
+            raise InvalidArguments(
+                type(self).__name__, {"url": f"must not carry credentials, a query or a fragment, got {url!r}"}
+            )
         try:
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as err:
-            raise ValueError(f"{self.name}: bad port in url {url!r}: {err}") from None
-        if retries < 0 or not timeout_s > 0 or backoff_s < 0:
-            raise ValueError(f"{self.name}: need retries >= 0, timeout_s > 0, backoff_s >= 0")
+            raise InvalidArguments(type(self).__name__, {"url": f"bad port in {url!r}: {err}"}) from None
         self.url = url.rstrip("/")
         self._parts = parts
         self.timeout_s = timeout_s

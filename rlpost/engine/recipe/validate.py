@@ -207,17 +207,15 @@ def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
     problems.extend(acceleration_problems(recipe.run.accelerate, recipe.model))
     if problems or not sane_run:
         return problems  # the component checks below assume a sane run section
-    components: list[Component] = [
-        recipe.model,
-        recipe.prompts,
-        recipe.sampler,
-        *recipe.rewards,
-        recipe.advantage,
-        recipe.optimizer,
-    ]
+    components: list[Component] = [recipe.model, recipe.prompts, recipe.sampler, *recipe.rewards]
     for component in components:
-        for problem in component.validate(recipe):
-            problems.append(problem)
+        problems.extend(component.validate(recipe))
+    sampler_problems = any(p.startswith("sampler.") for p in problems)
+    # The advantage estimator and the update rule may consult the sampler (recipe.counts(), its window law): with a
+    # setting the sampler refused, that would raise instead of report. Their own arguments were range-checked when
+    # they were constructed.
+    for component in () if sampler_problems else (recipe.advantage, recipe.optimizer):
+        problems.extend(component.validate(recipe))
     problems.extend(media_problems(recipe.model, [(f"rewards[{i}]", r) for i, r in enumerate(recipe.rewards)]))
     if recipe.eval is not None:  # evaluation components report under their own fields
         problems.extend(component_problems(recipe.eval, recipe))
