@@ -59,9 +59,13 @@ def _vae_factor(directory: Path) -> int:
     file = directory / "vae" / "config.json"
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read the VAE factor from {str(file)!r}: {e}") from None
-    flags = config.get("temperal_downsample") if isinstance(config, dict) else None
+    except OSError as e:
+        raise ValueError(f"cannot read {str(file)!r}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"{str(file)!r} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{str(file)!r} is malformed: expected a JSON object")
+    flags = config.get("temperal_downsample")
     if not isinstance(flags, list):
         raise ValueError(f"{str(file)!r} has no temperal_downsample list (the VAE factor is 2 ** its length)")
     return int(2 ** len(flags))

@@ -130,7 +130,15 @@ def with_defaults(value: Any) -> Any:
     return {**value, "init_args": init} if init else value
 
 
+_NOT_A_MAPPING = re.compile(r"functools\.partial\(.*\) argument after \*\* must be a mapping, not (\w+)")
+
+
 def clean_message(message: str, key: str) -> str:
+    """jsonargparse's message on one line, without its parser-key prefix; settings (a dataclass) given something
+    other than a mapping say so instead of naming jsonargparse's instantiation internals."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     text = " ".join(lines)
+    not_a_mapping = _NOT_A_MAPPING.search(text)
+    if not_a_mapping is not None:
+        return f"expected a mapping of its settings, got a value of type {not_a_mapping.group(1)}"
     return text.replace(f'Parser key "{key}":', "").strip()

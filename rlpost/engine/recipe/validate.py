@@ -21,6 +21,7 @@ from rlpost.engine.evaluation.section import component_problems, validate_eval
 from rlpost.engine.lr_schedule import is_run_length_lr
 from rlpost.engine.recipe.names import resolve_component
 from rlpost.engine.recipe.schema import SECTION, SECTIONS, OptimizerFactory, Recipe, RecipeError, Section
+from rlpost.engine.recipe.shapes import section_shape_problems
 from rlpost.engine.recipe.typecheck import check_with_parser, with_defaults
 from rlpost.models.acceleration import acceleration_problems
 from rlpost.ops.media import media_problems
@@ -73,7 +74,14 @@ class _SectionChecks:
         self.resolved: dict[str, Any] = {}
 
     def check(self, s: Section) -> None:
-        """Check the top-level section ``s`` by its kind."""
+        """Check the top-level section ``s`` by its kind, once its value has the kind's shape (a section of the
+        wrong shape is recorded as a problem and left unbuilt)."""
+        shape = section_shape_problems(s, self.cfg.get(s.name))
+        if shape:
+            self.problems.extend(shape)
+            self.built[s.name] = [] if s.kind == "component-list" else {} if s.kind == "mapping" else None
+            self.resolved[s.name] = self.cfg[s.name]
+            return
         by_kind = {
             "config": self.config,
             "component": self.component,
