@@ -50,9 +50,6 @@ class Range:
         if self.ge is not None and self.gt is not None or self.le is not None and self.lt is not None:
             raise ValueError("Range: give at most one lower bound (ge or gt) and one upper bound (le or lt)")
 
-    def __repr__(self) -> str:  # shown in ``--help`` type strings: the bounds only
-        return f"Range({self})"
-
     def __str__(self) -> str:
         low = ("[", self.ge) if self.ge is not None else ("(", self.gt) if self.gt is not None else None
         high = (self.le, "]") if self.le is not None else (self.lt, ")") if self.lt is not None else None

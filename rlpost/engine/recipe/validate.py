@@ -32,8 +32,10 @@ __all__ = ["validate"]
 def validate(cfg: dict[str, Any], host: Registries) -> Recipe:
     """Validate a merged recipe and instantiate its components (no weights are loaded).
 
-    Each section in :data:`SECTIONS` is type-checked by its kind; the range problems of the config sections (their
-    ``problems()``) and the checks across sections follow, then the components' own checks.
+    Each section in :data:`SECTIONS` is checked for its kind's shape (:mod:`~rlpost.engine.recipe.shapes`), then
+    type-checked and instantiated by its kind (a component's constructor checks its declared argument ranges); the
+    range problems of the config sections (their ``problems()``) and the checks across sections follow, then the
+    components' own ``validate``.
 
     Args:
         cfg: The merged recipe as plain data.
