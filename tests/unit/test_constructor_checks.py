@@ -248,6 +248,7 @@ def test_range_texts_and_edges() -> None:
     assert Range(finite=False, gt=0).problem(math.inf) is None
     assert Range(ge=0, le=1).problem(1) is None and Range(ge=0, le=1).problem(None) is None
     assert Range(ge=1).problem(True) is None  # booleans and non-numbers are the type check's
+    assert Range(le=100).problem(10**400) == f"must be <= 100, got {10**400}"  # no float overflow
     with pytest.raises(ValueError, match="at most one lower bound"):
         Range(ge=0, gt=0)
 

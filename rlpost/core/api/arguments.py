@@ -65,8 +65,9 @@ class Range:
         """Why ``value`` is refused (``must be in (0, 1), got nan``), or ``None``."""
         if value is None or isinstance(value, bool) or not isinstance(value, numbers.Real):
             return None
-        number = float(value)
-        if math.isnan(number) or (self.finite and math.isinf(number)):
+        # An int is compared as it is: float() of a huge YAML integer would overflow.
+        number: int | float = int(value) if isinstance(value, numbers.Integral) else float(value)
+        if isinstance(number, float) and (math.isnan(number) or (self.finite and math.isinf(number))):
             bounds = "" if str(self) == "finite" else f" {self}"
             return f"must be a finite number{bounds}, got {value}"
         inside = (
