@@ -24,7 +24,7 @@ never reaches the reward (hence its ``--ignore_last`` flag). Here:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -35,6 +35,7 @@ from rlpost import (
     LogProbReduction,
     Policy,
     PromptBatch,
+    Range,
     Rollout,
     Sampler,
     StepCounts,
@@ -75,14 +76,14 @@ class DanceGRPOSampler(Sampler):
 
     def __init__(
         self,
-        num_steps: int = 10,
-        eta: float = 0.3,
-        timestep_fraction: float = 0.6,
+        num_steps: Annotated[int, Range(ge=2)] = 10,
+        eta: Annotated[float, Range(gt=0)] = 0.3,
+        timestep_fraction: Annotated[float, Range(gt=0, le=1)] = 0.6,
         init_same_noise: bool = True,
         final_step: Literal["ode", "sde"] = "ode",
         ignore_last: bool = False,
         logprob_reduction: LogProbReduction = "mean",
-        chunk_size: int = 16,
+        chunk_size: Annotated[int, Range(ge=1)] = 16,
         penultimate_step: Literal["ode", "sde"] = "ode",
     ) -> None:
         self.num_steps = int(num_steps)
@@ -94,7 +95,7 @@ class DanceGRPOSampler(Sampler):
         self.penultimate_step = penultimate_step
         self.logprob_reduction: LogProbReduction = logprob_reduction
         self.chunk_size = int(chunk_size)
-        self._kernels: list[StepKernel | None] = [make_kernel("dance-sde", eta=max(self.eta, 0.0)), make_kernel("ode")]
+        self._kernels: list[StepKernel | None] = [make_kernel("dance-sde", eta=self.eta), make_kernel("ode")]
 
     # ---------------------------------------------------------------------------------------------- planning
     @property
@@ -120,17 +121,10 @@ class DanceGRPOSampler(Sampler):
         return int(self.eligible_steps * self.timestep_fraction)
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check the step count, ``η``, ``timestep_fraction`` and the chunk size."""
+        """Check that some step is trained and that the last steps suit the model's grid (the ranges of
+        ``num_steps``, ``η``, ``timestep_fraction`` and ``chunk_size`` are declared on the arguments)."""
         problems = []
-        if self.num_steps < 2:
-            problems.append(f"sampler.init_args.num_steps: must be >= 2, got {self.num_steps}")
-        if not self.eta > 0:
-            problems.append(
-                f"sampler.init_args.eta: must be > 0 (η = 0 is the ODE, which has no log-prob), got {self.eta}"
-            )
-        if not 0.0 < self.timestep_fraction <= 1.0:
-            problems.append(f"sampler.init_args.timestep_fraction: must be in (0, 1], got {self.timestep_fraction}")
-        elif self.num_steps >= 2 and self.train_steps < 1:
+        if self.train_steps < 1:
             problems.append(
                 f"sampler.init_args.timestep_fraction: int({self.eligible_steps} eligible steps x "
                 f"{self.timestep_fraction}) = 0 steps would be trained; raise it or num_steps"
@@ -151,8 +145,6 @@ class DanceGRPOSampler(Sampler):
                 "sampler.init_args.ignore_last: has no effect with final_step='ode' (the last step is "
                 "already deterministic and untrained); drop it"
             )
-        if self.chunk_size < 1:
-            problems.append(f"sampler.init_args.chunk_size: must be >= 1, got {self.chunk_size}")
         return problems
 
     def plan(self, sigmas: Tensor, num_samples: int, generator: torch.Generator) -> ChainPlan:

@@ -14,12 +14,12 @@ The buffers persist across steps (``state_dict`` / ``load_state_dict`` for resum
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from rlpost import AdvantageEstimator, Advantages, RewardScores, Rollout, broadcast_to_edges
+from rlpost import AdvantageEstimator, Advantages, Range, RewardScores, Rollout, broadcast_to_edges
 
 __all__ = ["PerPromptStatTracker"]
 
@@ -37,7 +37,9 @@ class PerPromptStatTracker(AdvantageEstimator):
     name: ClassVar[str] = "per-prompt"
     requires: ClassVar[frozenset[str]] = frozenset({"chains"})
 
-    def __init__(self, buffer_size: int = 16, min_count: int = 16) -> None:
+    def __init__(
+        self, buffer_size: Annotated[int, Range(ge=1)] = 16, min_count: Annotated[int, Range(ge=1)] = 16
+    ) -> None:
         self.buffer_size = int(buffer_size)
         self.min_count = int(min_count)
         self.buffers: dict[str, deque[float]] = {}
@@ -45,11 +47,7 @@ class PerPromptStatTracker(AdvantageEstimator):
     def validate(self, recipe: Any) -> list[str]:
         """Check ``buffer_size >= 1`` and ``1 <= min_count <= buffer_size`` (else the buffer is never used)."""
         problems = []
-        if self.buffer_size < 1:
-            problems.append(f"advantage.init_args.buffer_size: must be >= 1, got {self.buffer_size}")
-        if self.min_count < 1:
-            problems.append(f"advantage.init_args.min_count: must be >= 1, got {self.min_count}")
-        elif self.min_count > self.buffer_size:
+        if self.min_count > self.buffer_size:
             problems.append(
                 f"advantage.init_args.min_count: {self.min_count} exceeds buffer_size {self.buffer_size}, so the "
                 "per-prompt statistics would never be used"

@@ -23,7 +23,7 @@ checks every default against DDIM (η = 1) on the same grid and model.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -34,6 +34,7 @@ from rlpost import (
     LogProbReduction,
     Policy,
     PromptBatch,
+    Range,
     Rollout,
     Sampler,
     StepCounts,
@@ -71,12 +72,12 @@ class DDPOSampler(Sampler):
 
     def __init__(
         self,
-        num_steps: int = 10,
-        noise_level: float = 0.7,
-        timestep_fraction: float = 1.0,
+        num_steps: Annotated[int, Range(ge=2)] = 10,
+        noise_level: Annotated[float, Range(gt=0)] = 0.7,
+        timestep_fraction: Annotated[float, Range(gt=0, le=1)] = 1.0,
         final_step: Literal["ode", "sde"] = "ode",
         logprob_reduction: LogProbReduction = "mean",
-        chunk_size: int = 16,
+        chunk_size: Annotated[int, Range(ge=1)] = 16,
         penultimate_step: Literal["ode", "sde"] = "ode",
     ) -> None:
         self.num_steps = int(num_steps)
@@ -107,15 +108,10 @@ class DDPOSampler(Sampler):
         return int(self.stochastic_steps * self.timestep_fraction)
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check the step count, noise level, ``timestep_fraction`` and chunk size."""
+        """Check that some step is trained and that the last steps suit the model's grid (the ranges of
+        ``num_steps``, the noise level, ``timestep_fraction`` and ``chunk_size`` are declared on the arguments)."""
         problems = []
-        if self.num_steps < 2:
-            problems.append(f"sampler.init_args.num_steps: must be >= 2, got {self.num_steps}")
-        if not self.noise_level > 0:
-            problems.append(f"sampler.init_args.noise_level: must be > 0, got {self.noise_level}")
-        if not 0.0 < self.timestep_fraction <= 1.0:
-            problems.append(f"sampler.init_args.timestep_fraction: must be in (0, 1], got {self.timestep_fraction}")
-        elif self.num_steps >= 2 and self.train_steps < 1:
+        if self.train_steps < 1:
             problems.append(f"sampler.init_args.timestep_fraction: {self.timestep_fraction} trains 0 steps")
         problems += last_steps_problems(self.penultimate_step, self.final_step)
         # The model adapter says where its grid turns (near-)clean (Policy.clean_tail_steps); None skips the check.
@@ -134,8 +130,6 @@ class DDPOSampler(Sampler):
                     f"sampler.init_args.final_step: 'sde' samples the step from shift(1/T) to 0 of "
                     f"model.init_args.time_grid {grid!r} and decodes it; its noise would stay in the image. Use 'ode'"
                 )
-        if self.chunk_size < 1:
-            problems.append(f"sampler.init_args.chunk_size: must be >= 1, got {self.chunk_size}")
         return problems
 
     def plan(self, sigmas: Tensor, num_samples: int, generator: torch.Generator) -> ChainPlan:

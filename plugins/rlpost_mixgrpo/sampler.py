@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -29,6 +29,7 @@ from rlpost import (
     LogProbReduction,
     Policy,
     PromptBatch,
+    Range,
     Rollout,
     Sampler,
     StepCounts,
@@ -89,8 +90,8 @@ class MixGRPOSampler(Sampler):
 
     def __init__(
         self,
-        num_steps: int = 10,
-        noise_level: float = 0.7,
+        num_steps: Annotated[int, Range(ge=3)] = 10,
+        noise_level: Annotated[float, Range(gt=0)] = 0.7,
         window_size: int = 2,
         shift_interval: int = 25,
         window_strategy: WindowStrategy = "progressive",
@@ -102,10 +103,10 @@ class MixGRPOSampler(Sampler):
         window_seed: int = 0,
         init_same_noise: bool = True,
         dpm_after_window: bool = False,
-        compress_ratio: float = 0.4,
-        shift: float = 3.0,
+        compress_ratio: Annotated[float, Range(gt=0, le=1)] = 0.4,
+        shift: Annotated[float, Range(gt=0)] = 3.0,
         logprob_reduction: LogProbReduction = "mean",
-        chunk_size: int = 16,
+        chunk_size: Annotated[int, Range(ge=1)] = 16,
     ) -> None:
         self.num_steps = int(num_steps)
         self.noise_level = float(noise_level)
@@ -134,21 +135,9 @@ class MixGRPOSampler(Sampler):
         ]
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check the window fits the schedule, the noise level, Flash's compression and the chunk size."""
-        problems = [f"sampler.init_args.{p}" for p in self.scheduler.problems()]
-        if self.num_steps < 3:
-            problems.append(
-                f"sampler.init_args.num_steps: must be >= 3 (windows end before T - 2), got {self.num_steps}"
-            )
-        if not self.noise_level > 0:
-            problems.append(f"sampler.init_args.noise_level: must be > 0, got {self.noise_level}")
-        if self.dpm_after_window and not 0.0 < self.compress_ratio <= 1.0:
-            problems.append(f"sampler.init_args.compress_ratio: must be in (0, 1], got {self.compress_ratio}")
-        if not self.shift > 0:
-            problems.append(f"sampler.init_args.shift: must be > 0, got {self.shift}")
-        if self.chunk_size < 1:
-            problems.append(f"sampler.init_args.chunk_size: must be >= 1, got {self.chunk_size}")
-        return problems
+        """Check the window settings and that the window fits the schedule (the ranges of ``num_steps``, the noise
+        level, Flash's compression, ``shift`` and ``chunk_size`` are declared on the arguments)."""
+        return [f"sampler.init_args.{p}" for p in self.scheduler.problems()]
 
     # ---------------------------------------------------------------------------------------------- planning
     def schedule(self, sigmas: Tensor, window: tuple[int, int]) -> tuple[Tensor, list[int]]:

@@ -18,10 +18,9 @@ check this on the tiny model.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +32,7 @@ from rlpost import (
     DiffusersTransformerPolicy,
     DTypeName,
     LoraSpec,
+    Range,
     TimeGrid,
     clean_tail_steps,
     flux_mu,
@@ -48,6 +48,27 @@ __all__ = ["MAX_SEQUENCE_LENGTH", "QwenImagePolicy"]
 
 MAX_SEQUENCE_LENGTH = 1024
 """The longest prompt embedding ``QwenImagePipeline`` accepts (``check_inputs``; its ``tokenizer_max_length``)."""
+
+
+def _vae_factor(directory: Path) -> int:
+    """``QwenImagePipeline.vae_scale_factor`` (``2 ** len(vae.temperal_downsample)``) from ``vae/config.json``.
+
+    Raises:
+        ValueError: The config is unreadable or has no ``temperal_downsample`` list (naming the file).
+    """
+    file = directory / "vae" / "config.json"
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"cannot read {str(file)!r}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"{str(file)!r} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{str(file)!r} is malformed: expected a JSON object")
+    flags = config.get("temperal_downsample")
+    if not isinstance(flags, list):
+        raise ValueError(f"{str(file)!r} has no temperal_downsample list (the VAE factor is 2 ** its length)")
+    return int(2 ** len(flags))
 
 
 def _pad_to(x: Tensor, length: int) -> Tensor:
@@ -102,17 +123,17 @@ class QwenImagePolicy(DiffusersTransformerPolicy):
         self,
         pretrained: str,
         dtype: DTypeName = "auto",
-        resolution: int = 512,
-        true_cfg_scale: float = 4.0,
+        resolution: Annotated[int, Range(gt=0)] = 512,
+        true_cfg_scale: Annotated[float, Range()] = 4.0,
         negative_prompt: str = " ",
         lora: LoraSpec | None = None,
         full_finetune: bool = False,
         gradient_checkpointing: bool = False,
         reference: bool = False,
-        max_sequence_length: int = 512,
+        max_sequence_length: Annotated[int, Range(ge=1, le=MAX_SEQUENCE_LENGTH)] = 512,
         local_files_only: bool = True,
         time_grid: TimeGrid = "diffusers",
-        shift: float | None = None,
+        shift: Annotated[float, Range(gt=0)] | None = None,
     ) -> None:
         super().__init__(
             pretrained,
@@ -155,39 +176,30 @@ class QwenImagePolicy(DiffusersTransformerPolicy):
         return clean_tail_steps(self.time_grid) if self.time_grid in TIME_GRIDS else None
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check the settings, the model directory (local, or a hub id's snapshot in the local cache) and that the
-        resolution fits the VAE and the 2x2 packing, without loading weights."""
+        """Check the settings, the model directory (local, or a hub id's snapshot in the local cache: its pipeline
+        class, components and configs) and that the resolution fits the VAE factor (read from its config) and the
+        2x2 packing, without loading weights."""
         problems = self._setting_problems()
-        if not math.isfinite(self.guidance_scale):
-            problems.append(f"model.init_args.true_cfg_scale: must be a finite number, got {self.guidance_scale}")
-        if self.max_sequence_length > MAX_SEQUENCE_LENGTH:
-            problems.append(
-                f"model.init_args.max_sequence_length: at most {MAX_SEQUENCE_LENGTH} (QwenImagePipeline's limit), "
-                f"got {self.max_sequence_length}"
-            )
-        if self.shift is not None and self.shift > 0 and self.time_grid == "diffusers":
+        if self.shift is not None and self.time_grid == "diffusers":
             problems.append(
                 "model.init_args.shift: the 'diffusers' Qwen-Image grid shifts by e^mu from the resolution; set "
                 "shift only with time_grid 'shifted-linspace' (or leave it null)"
             )
         try:
             directory = self._pretrained_dir()
+            if directory is not None:
+                vae_factor: int | None = _vae_factor(directory)
+            elif self.pretrained == "tiny-random" or self.pretrained.startswith("tiny-random:"):
+                vae_factor = TINY_VAE_FACTOR  # built on first use from known configs (rlpost_qwenimage.tiny)
+            else:
+                vae_factor = None  # a hub id setup() may download: nothing local to read
         except (ValueError, OSError) as e:  # a malformed tiny id; ModelDirError (an OSError) naming what is missing
             return [*problems, f"model.init_args.pretrained: {e}"]
-        if directory is None:
-            if self.pretrained == "tiny-random" or self.pretrained.startswith("tiny-random:"):
-                return problems + self._resolution_problems(TINY_VAE_FACTOR)
-            return problems  # a hub id setup() may download: nothing local to check
-        try:
-            vae = json.loads((directory / "vae" / "config.json").read_text(encoding="utf-8"))
-            vae_factor = 2 ** len(vae["temperal_downsample"])  # QwenImagePipeline.vae_scale_factor
-        except (OSError, ValueError, KeyError, TypeError):
-            return problems  # no readable VAE config: setup() checks the loaded model
-        return problems + self._resolution_problems(vae_factor)
+        return problems + ([] if vae_factor is None else self._resolution_problems(vae_factor))
 
     def _resolution_problems(self, vae_factor: int) -> list[str]:
         factor = 2 * vae_factor
-        if self.resolution > 0 and self.resolution % factor:
+        if self.resolution % factor:
             return [
                 f"model.init_args.resolution: {self.resolution} is not a multiple of {factor} "
                 f"(VAE factor {vae_factor} x 2x2 latent packing)"

@@ -5,14 +5,14 @@ compressibility. No weights; deterministic for a given PIL/libjpeg build."""
 from __future__ import annotations
 
 import io
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
 
-from rlpost import RewardSource
+from rlpost import Range, RewardSource
 
 from ._common import check_images
 
@@ -48,9 +48,7 @@ class JpegCompressibility(RewardSource):
     name: ClassVar[str] = "jpeg-compressibility"
     sign: ClassVar[float] = -1.0  # the score is sign * size_kb
 
-    def __init__(self, quality: int = 95) -> None:
-        if not 1 <= quality <= 100:
-            raise ValueError(f"{self.name}: quality must be in [1, 100], got {quality}")
+    def __init__(self, quality: Annotated[int, Range(ge=1, le=100)] = 95) -> None:
         self.quality = quality
 
     def score(self, images: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost import RewardSource
+from rlpost import InvalidArguments, RewardSource
 
 from ._common import DTypeName, check_images, check_scores, to_dtype
 from ._hfclip import HFClip
@@ -53,7 +53,8 @@ class PickScoreReward(RewardSource):
         dtype: DTypeName = "float32",
     ) -> None:
         if convention not in ("logit", "cosine", "flow-grpo"):
-            raise ValueError(f"{self.name}: convention must be 'logit', 'cosine' or 'flow-grpo', got {convention!r}")
+            allowed = "must be 'logit', 'cosine' or 'flow-grpo'"
+            raise InvalidArguments(type(self).__name__, {"convention": f"{allowed}, got {convention!r}"})
         self.model_dir = model_dir
         self.tokenizer_dir = tokenizer_dir
         self.convention = convention

@@ -23,12 +23,12 @@ import socket
 import threading
 import time
 import urllib.parse
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from rlpost import RewardSource
+from rlpost import InvalidArguments, Range, RewardSource
 
 from ._common import check_images, check_scores
 from ._http import MAX_TIMEOUT_S
@@ -85,35 +85,32 @@ class RemoteReward(RewardSource):
     def __init__(
         self,
         url: str = "http://127.0.0.1:8765",
-        timeout_s: float = 120.0,
-        retries: int = 3,
-        backoff_s: float = 0.5,
+        timeout_s: Annotated[float, Range(gt=0, le=MAX_TIMEOUT_S)] = 120.0,
+        retries: Annotated[int, Range(ge=0)] = 3,
+        backoff_s: Annotated[float, Range(ge=0, le=MAX_TIMEOUT_S)] = 0.5,
         expect_reward: str | None = None,
         token_env: str | None = "RLPOST_REWARD_TOKEN",
     ) -> None:
         try:
             parts = urllib.parse.urlsplit(url)
         except ValueError as err:  # e.g. an unclosed IPv6 bracket
-            raise ValueError(f"{self.name}: url must look like http://host:port, got {url!r} ({err})") from None
+            raise InvalidArguments(
+                type(self).__name__, {"url": f"must look like http://host:port, got {url!r} ({err})"}
+            ) from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{self.name}: url must look like http://host:port or https://host, got {url!r}")
+            raise InvalidArguments(
+                type(self).__name__, {"url": f"must look like http://host:port or https://host, got {url!r}"}
+            )
         if parts.query or parts.fragment or parts.username or parts.password:
-            raise ValueError(f"{self.name}: url must not carry credentials, a query or a fragment, got {url!r}")
+            raise InvalidArguments(
+                type(self).__name__, {"url": f"must not carry credentials, a query or a fragment, got {url!r}"}
+            )
         try:
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as err:
-            raise ValueError(f"{self.name}: bad port in url {url!r}: {err}") from None
-        if not (
-            isinstance(retries, int)
-            and retries >= 0
-            and 0 < timeout_s <= MAX_TIMEOUT_S
-            and 0 <= backoff_s <= MAX_TIMEOUT_S
-        ):
-            raise ValueError(
-                f"{self.name}: need an integer retries >= 0, 0 < timeout_s <= {MAX_TIMEOUT_S:g} and "
-                f"0 <= backoff_s <= {MAX_TIMEOUT_S:g} (finite seconds); got retries={retries!r}, "
-                f"timeout_s={timeout_s!r}, backoff_s={backoff_s!r}"
-            )
+            raise InvalidArguments(type(self).__name__, {"url": f"bad port in {url!r}: {err}"}) from None
+        if not isinstance(retries, int) or isinstance(retries, bool):  # a range check takes 1.5; range() would not
+            raise InvalidArguments(type(self).__name__, {"retries": f"must be an integer >= 0, got {retries!r}"})
         self.url = url.rstrip("/")
         self._parts = parts
         self.timeout_s = timeout_s

@@ -26,12 +26,12 @@ aggregation over each edge's descendant leaves (see :class:`LeafZScoreAdvantage`
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 from torch import Tensor
 
-from rlpost import AdvantageEstimator, Advantages, RewardScores, Rollout, constant_groups, mix_rewards
+from rlpost import AdvantageEstimator, Advantages, Range, RewardScores, Rollout, constant_groups, mix_rewards
 
 __all__ = [
     "LeafZScoreAdvantage",
@@ -226,12 +226,12 @@ class TreeBackupAdvantage(AdvantageEstimator):
 
     def __init__(
         self,
-        temperature: float = 1.0,
+        temperature: Annotated[float, Range(gt=0)] = 1.0,
         weights: Weighting = "softmax",
         multi_reward: Literal["advantage", "reward"] = "advantage",
-        eps: float = 1e-8,
+        eps: Annotated[float, Range(ge=0)] = 1e-8,
         std: Literal["unbiased", "population"] = "unbiased",
-        target_ess: float = 0.5,
+        target_ess: Annotated[float, Range(ge=0, le=1)] = 0.5,
     ) -> None:
         self.temperature = float(temperature)
         self.weights: Weighting = weights
@@ -241,20 +241,14 @@ class TreeBackupAdvantage(AdvantageEstimator):
         self.std: Literal["unbiased", "population"] = std
 
     def validate(self, recipe: object) -> list[str]:
-        """Check ``temperature``, ``eps``, ``std`` and ``target_ess``."""
+        """Check ``weights`` and ``std`` (the numeric ranges are declared on the arguments)."""
         problems = []
         if self.weights not in ("softmax", "uniform", "calibrated"):
             problems.append(
                 f"advantage.init_args.weights: must be 'softmax', 'uniform' or 'calibrated', got {self.weights!r}"
             )
-        if not 0.0 <= self.target_ess <= 1.0:
-            problems.append(f"advantage.init_args.target_ess: must be in [0, 1], got {self.target_ess}")
         if self.std not in ("unbiased", "population"):
             problems.append(f"advantage.init_args.std: must be 'unbiased' or 'population', got {self.std!r}")
-        if not self.temperature > 0:
-            problems.append(f"advantage.init_args.temperature: must be > 0, got {self.temperature}")
-        if self.eps < 0:
-            problems.append(f"advantage.init_args.eps: must be >= 0, got {self.eps}")
         return problems
 
     def estimate(self, rollout: Rollout, scores: RewardScores) -> Advantages:
@@ -300,7 +294,7 @@ class LeafZScoreAdvantage(AdvantageEstimator):
         self,
         aggregate: Literal["sum", "mean"] = "sum",
         multi_reward: Literal["advantage", "reward"] = "advantage",
-        eps: float = 1e-8,
+        eps: Annotated[float, Range(ge=0)] = 1e-8,
     ) -> None:
         self.aggregate: Literal["sum", "mean"] = aggregate
         self.multi_reward: Literal["advantage", "reward"] = multi_reward

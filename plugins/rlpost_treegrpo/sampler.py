@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -37,6 +37,7 @@ from rlpost import (
     LogProbReduction,
     Policy,
     PromptBatch,
+    Range,
     Rollout,
     RolloutBuilder,
     Sampler,
@@ -115,25 +116,25 @@ class TreeSampler(Sampler):
 
     def __init__(
         self,
-        num_steps: int = 10,
-        k: int = 3,
-        depth: int = 3,
+        num_steps: Annotated[int, Range(ge=2)] = 10,
+        k: Annotated[int, Range(ge=2)] = 3,
+        depth: Annotated[int, Range(ge=1)] = 3,
         window: WindowLaw = "geometric",
-        ratio: float = 0.5,
-        fixed_start: int | None = None,
-        shift_interval: int | None = None,
-        stride: int | None = None,
+        ratio: Annotated[float, Range(gt=0, lt=1)] = 0.5,
+        fixed_start: Annotated[int, Range(ge=0)] | None = None,
+        shift_interval: Annotated[int, Range(ge=1)] | None = None,
+        stride: Annotated[int, Range(ge=1)] | None = None,
         roll_back: bool | None = None,
         kernel: SDEKernelName = "flow-sde",
         kernel_args: dict[str, Any] | None = None,
         logprob_reduction: LogProbReduction = "mean",
-        trees_per_prompt: int = 1,
-        chunk_size: int = 64,
+        trees_per_prompt: Annotated[int, Range(ge=1)] = 1,
+        chunk_size: Annotated[int, Range(ge=1)] = 64,
         ode_kernel: Literal["ode"] = "ode",
         tail: TailSolver = "full",
-        tail_steps: int | None = None,
+        tail_steps: Annotated[int, Range(ge=1)] | None = None,
         tail_grid: TailGrid = "run",
-        tail_shift: float = 3.0,
+        tail_shift: Annotated[float, Range(gt=0)] = 3.0,
     ) -> None:
         self.num_steps = int(num_steps)
         self.k = int(k)
@@ -199,24 +200,17 @@ class TreeSampler(Sampler):
         return window_law_probs(self)
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check the tree shape, the window law and the kernel (every problem names its field)."""
+        """Check what the argument ranges (checked at construction) cannot: the window fits the schedule, the window
+        law's and the tail's settings agree, and the kernel (every problem names its field)."""
         problems: list[str] = []
         p = "sampler.init_args"
-        if self.num_steps < 2:
-            problems.append(f"{p}.num_steps: must be >= 2, got {self.num_steps}")
-        if self.k < 2:
-            problems.append(f"{p}.k: must be >= 2 (k = 1 is a chain, not a tree), got {self.k}")
-        if self.depth < 1 or self.depth > self.num_steps - 1:
+        if self.depth > self.num_steps - 1:
             problems.append(
                 f"{p}.depth: must be in [1, num_steps - 1] = [1, {self.num_steps - 1}] so the window fits before the "
                 f"last step (starts 0 … T-d-1), got {self.depth}"
             )
         problems += window_law_problems(p, self)
-        if self.trees_per_prompt < 1:
-            problems.append(f"{p}.trees_per_prompt: must be >= 1, got {self.trees_per_prompt}")
-        if self.chunk_size < 1:
-            problems.append(f"{p}.chunk_size: must be >= 1, got {self.chunk_size}")
-        problems += tail_problems(p, self.tail, self.tail_steps, self.tail_grid, self.tail_shift)
+        problems += tail_problems(p, self.tail, self.tail_steps, self.tail_grid)
         try:
             kernels = self.kernels
         except (TypeError, ValueError) as exc:

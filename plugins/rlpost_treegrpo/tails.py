@@ -59,8 +59,9 @@ def tail_sigmas(sigmas: Tensor, steps: int, end: int, n: int, grid: TailGrid, sh
     return torch.cat([sigmas[: end + 1], tail[1:]])
 
 
-def tail_problems(prefix: str, tail: str, tail_steps: int | None, tail_grid: str, tail_shift: float) -> list[str]:
-    """Problems with the tail settings, each naming its field under ``prefix`` (``sampler.init_args``)."""
+def tail_problems(prefix: str, tail: str, tail_steps: int | None, tail_grid: str) -> list[str]:
+    """Problems with the tail settings together, each naming its field under ``prefix`` (``sampler.init_args``); the
+    ranges of ``tail_steps`` and ``tail_shift`` are the sampler's declared argument ranges."""
     p = prefix
     problems: list[str] = []
     if tail not in ("full", "euler", "dpm-solver++"):
@@ -73,12 +74,8 @@ def tail_problems(prefix: str, tail: str, tail_steps: int | None, tail_grid: str
                 f"{p}.tail: 'full' runs every remaining step of the run's grid; tail_steps/tail_grid need tail "
                 f"'euler' or 'dpm-solver++' (got tail_steps={tail_steps}, tail_grid={tail_grid!r})"
             )
-    if tail_steps is not None and tail_steps < 1:
-        problems.append(f"{p}.tail_steps: must be >= 1 (or null for every remaining step), got {tail_steps}")
     if tail_grid == "compressed" and tail_steps is None:
         problems.append(f"{p}.tail_steps: tail_grid 'compressed' needs a number of tail steps, got null")
-    if not (math.isfinite(tail_shift) and tail_shift > 0):
-        problems.append(f"{p}.tail_shift: must be > 0, got {tail_shift}")
     return problems
 
 

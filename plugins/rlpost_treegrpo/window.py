@@ -213,24 +213,19 @@ def window_law_repr(s: WindowSettings) -> str:
 
 
 def window_law_problems(prefix: str, s: WindowSettings) -> list[str]:
-    """Problems with the window-law settings, each naming its field under ``prefix`` (``sampler.init_args``)."""
-    p, num_steps, depth, window, ratio, fixed_start = prefix, s.num_steps, s.depth, s.window, s.ratio, s.fixed_start
+    """Problems with the window-law settings together, each naming its field under ``prefix``
+    (``sampler.init_args``); the ranges of ``ratio``, ``shift_interval`` and ``stride`` are the sampler's declared
+    argument ranges."""
+    p, num_steps, depth, window, fixed_start = prefix, s.num_steps, s.depth, s.window, s.fixed_start
     shift_interval, stride, roll_back = s.shift_interval, s.stride, s.roll_back
     problems: list[str] = []
-    if window == "geometric" and not 0.0 < ratio < 1.0:
-        problems.append(f"{p}.ratio: must be in (0, 1), got {ratio}")
     if window == "fixed":
         hi = num_starts(num_steps, depth) - 1
         if fixed_start is None or not 0 <= fixed_start <= hi:
             problems.append(f"{p}.fixed_start: window 'fixed' needs a start in [0, {hi}], got {fixed_start}")
     elif fixed_start is not None:
         problems.append(f"{p}.fixed_start: only used with window 'fixed' (window is {window!r})")
-    if window == "progressive":
-        if int(progressive_setting("shift_interval", shift_interval)) < 1:
-            problems.append(f"{p}.shift_interval: must be >= 1 training step, got {shift_interval}")
-        if int(progressive_setting("stride", stride)) < 1:
-            problems.append(f"{p}.stride: must be >= 1 (use window 'fixed' for a frozen window), got {stride}")
-    else:
+    if window != "progressive":
         for name, value in (("shift_interval", shift_interval), ("stride", stride), ("roll_back", roll_back)):
             if value is not None:
                 problems.append(f"{p}.{name}: only used with window 'progressive' (window is {window!r})")

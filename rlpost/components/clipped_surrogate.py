@@ -39,13 +39,13 @@ gradient: the clip never binds. With several steps the ratio leaves 1 after the 
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import torch
 from torch import Tensor
 
 from rlpost.components.chain import edge_sample_ids
-from rlpost.core.api import PolicyOptimizer, UpdateContext, UpdateResult
+from rlpost.core.api import PolicyOptimizer, Range, UpdateContext, UpdateResult
 
 __all__ = ["AccumulationUnit", "ClippedSurrogate", "LossNormalisation", "parent_aligned_chunks"]
 
@@ -106,16 +106,16 @@ class ClippedSurrogate(PolicyOptimizer):
 
     def __init__(
         self,
-        clip_range: float = 1e-4,
-        adv_clip_max: float = 5.0,
-        kl_coef: float = 0.0,
-        inner_epochs: int = 1,
-        optimizer_steps: int | None = None,
-        units_per_step: int | None = None,
+        clip_range: Annotated[float, Range(gt=0)] = 1e-4,
+        adv_clip_max: Annotated[float, Range(gt=0)] = 5.0,
+        kl_coef: Annotated[float, Range(ge=0)] = 0.0,
+        inner_epochs: Annotated[int, Range(ge=1)] = 1,
+        optimizer_steps: Annotated[int, Range(ge=1)] | None = None,
+        units_per_step: Annotated[int, Range(ge=1)] | None = None,
         accumulation_unit: AccumulationUnit = "parent",
         shuffle: bool = True,
         loss_normalisation: LossNormalisation = "edge",
-        minibatch_edges: int = 64,
+        minibatch_edges: Annotated[int, Range(ge=1)] = 64,
     ) -> None:
         self.clip_range = clip_range
         self.adv_clip_max = adv_clip_max
@@ -131,15 +131,10 @@ class ClippedSurrogate(PolicyOptimizer):
     # ------------------------------------------------------------------------------------------- validation
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check ranges and choices, and that every optimizer step of a pass gets at least one unit."""
+        """Check the types and choices a Python caller may get wrong (a recipe's are type-checked; the ranges are
+        declared on the arguments), and that every optimizer step of a pass gets at least one unit."""
         field = "optimizer.init_args."
         problems = []
-        if not self.clip_range > 0:
-            problems.append(f"{field}clip_range: must be > 0, got {self.clip_range}")
-        if not self.adv_clip_max > 0:
-            problems.append(f"{field}adv_clip_max: must be > 0, got {self.adv_clip_max}")
-        if not self.kl_coef >= 0:
-            problems.append(f"{field}kl_coef: must be >= 0, got {self.kl_coef}")
         for name in ("inner_epochs", "minibatch_edges", "optimizer_steps", "units_per_step"):
             value = getattr(self, name)
             optional = name in ("optimizer_steps", "units_per_step")

@@ -19,13 +19,13 @@ its chain; non-trainable edges get 0.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
 
 from rlpost.components.chain import broadcast_to_edges
-from rlpost.core.api import AdvantageEstimator, Advantages
+from rlpost.core.api import AdvantageEstimator, Advantages, Range
 from rlpost.core.contract import RewardScores, Rollout
 from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 
@@ -47,16 +47,16 @@ class GroupZScoreAdvantage(AdvantageEstimator):
     name: ClassVar[str] = "group-zscore"
     requires: ClassVar[frozenset[str]] = frozenset({"chains"})
 
-    def __init__(self, eps: float = 1e-8, global_std: bool = False, mix: MixMode = "advantage") -> None:
+    def __init__(
+        self, eps: Annotated[float, Range(gt=0)] = 1e-8, global_std: bool = False, mix: MixMode = "advantage"
+    ) -> None:
         self.eps = float(eps)
         self.global_std = bool(global_std)
         self.mix = mix
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check ``eps`` and ``mix``, and warn-level problems with group sizes of one."""
+        """Check ``mix`` (``eps``'s range is declared on the argument) and that groups have two samples or more."""
         problems = []
-        if not self.eps > 0:
-            problems.append(f"advantage.init_args.eps: must be > 0, got {self.eps}")
         if self.mix not in ("advantage", "reward"):
             problems.append(f"advantage.init_args.mix: must be 'advantage' or 'reward', got {self.mix!r}")
         if recipe.run.samples_per_group < 2:

@@ -14,10 +14,10 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from rlpost.components.prompt_sources import PromptFile
-from rlpost.core.api import PromptSource
+from rlpost.core.api import PromptSource, Range
 
 __all__ = ["HFDatasetPrompts"]
 
@@ -59,7 +59,7 @@ class HFDatasetPrompts(PromptSource):
         split: str = "train",
         column: str = "prompt",
         data_files: str | list[str] | None = None,
-        limit: int | None = None,
+        limit: Annotated[int, Range(ge=1)] | None = None,
         unique: bool = False,
         revision: str | None = None,
     ) -> None:
@@ -113,8 +113,6 @@ class HFDatasetPrompts(PromptSource):
         the local cache (then their columns are checked) or can be fetched (not offline). Offline and not cached,
         the problem says how to provide the prompts."""
         where = "prompts.init_args"
-        if self.limit is not None and self.limit < 1:
-            return [f"{where}.limit: must be >= 1 or null, got {self.limit}"]
         if self._saved_dir() is not None:
             try:
                 saved_columns, rows = self._open_saved()

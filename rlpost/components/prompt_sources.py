@@ -9,9 +9,9 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from rlpost.core.api import PromptSource
+from rlpost.core.api import PromptSource, Range
 
 __all__ = ["PromptFile", "PromptList"]
 
@@ -57,7 +57,7 @@ class PromptFile(PromptSource):
 
     name: ClassVar[str] = "prompt-file"
 
-    def __init__(self, path: str, field: str = "prompt", limit: int | None = None) -> None:
+    def __init__(self, path: str, field: str = "prompt", limit: Annotated[int, Range(ge=1)] | None = None) -> None:
         self.path = path
         self.field = field
         self.limit = limit
@@ -73,8 +73,6 @@ class PromptFile(PromptSource):
             return [f"prompts.init_args.path: prompt file not found: {self.path}"]
         if p.suffix not in (".txt", ".jsonl", ".json", ".csv"):
             return [f"prompts.init_args.path: unsupported prompt file type {p.suffix!r} (txt, jsonl, json, csv)"]
-        if self.limit is not None and self.limit < 1:
-            return [f"prompts.init_args.limit: must be >= 1 or null, got {self.limit}"]
         try:
             self.load()
         except ValueError as e:

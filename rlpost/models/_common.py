@@ -22,10 +22,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlpost.core.api import Policy
+from rlpost.core.api import InvalidArguments, Policy
 from rlpost.models.acceleration import AccelerateConfig, Speedups
 from rlpost.models.adapter_settings import DTypeName, LoraSpec, resolve_dtype
 from rlpost.models.pipeline_dir import (
+    PipelineFamilyError,
     cached_snapshot,
     check_pipeline_dir,
     is_local_path,
@@ -114,7 +115,8 @@ class DiffusersTransformerPolicy(Policy):
         shift: float | None,
     ) -> None:
         if lora is not None and full_finetune:
-            raise ValueError(f"{type(self).__name__}: choose either lora or full_finetune, not both")
+            problem = "true together with lora: choose either lora or full_finetune, not both"
+            raise InvalidArguments(type(self).__name__, {"full_finetune": problem})
         self.pretrained = pretrained
         self.dtype_name: DTypeName = dtype
         self.resolution = int(resolution)
@@ -145,18 +147,14 @@ class DiffusersTransformerPolicy(Policy):
         directory (see ``rlpost/models/tiny.py``)."""
 
     def _setting_problems(self) -> list[str]:
-        """Range problems of the settings every family shares, each naming its recipe field."""
+        """Problems of the settings every family shares that are no argument range (the ranges of ``resolution``,
+        ``max_sequence_length``, ``shift`` and the guidance scale are declared on each adapter's constructor), each
+        naming its recipe field."""
         problems: list[str] = []
-        if self.resolution <= 0:
-            problems.append(f"model.init_args.resolution: must be positive, got {self.resolution}")
-        if self.max_sequence_length < 1:
-            problems.append(f"model.init_args.max_sequence_length: must be >= 1, got {self.max_sequence_length}")
         if self.lora is not None:
             problems.extend(self.lora.problems("model.init_args.lora"))
         if self.time_grid not in TIME_GRIDS:
             problems.append(f"model.init_args.time_grid: must be one of {list(TIME_GRIDS)}, got {self.time_grid!r}")
-        if self.shift is not None and not self.shift > 0:
-            problems.append(f"model.init_args.shift: must be > 0 (or null for the scheduler's), got {self.shift}")
         return problems
 
     def _pretrained_dir(self) -> Path | None:
@@ -168,7 +166,8 @@ class DiffusersTransformerPolicy(Policy):
 
         Raises:
             ValueError: A malformed ``tiny-random`` id.
-            ModelDirError: The directory is missing or malformed (the message names what is missing).
+            ModelDirError: The directory is missing or malformed (the message names what is missing), or holds a
+                pipeline of another family (naming the adapters that load it).
         """
         if parse_tiny_id(self.pretrained) is not None:
             return None
@@ -178,8 +177,18 @@ class DiffusersTransformerPolicy(Policy):
             directory = cached_snapshot(self.pretrained)
         else:
             return None
-        check_pipeline_dir(directory, self.required_components, self.weighted_components)
+        self._check_dir(directory)
         return directory
+
+    def _check_dir(self, directory: Path) -> None:
+        """:func:`check_pipeline_dir` for this adapter; a directory of another pipeline family is refused with the
+        adapters (among the loaded ones) that take it."""
+        try:
+            check_pipeline_dir(directory, self.required_components, self.weighted_components, self.pipeline_class)
+        except PipelineFamilyError as e:
+            adapters = _adapters_of(e.found)
+            hint = f"use model class_path {' or '.join(adapters)}" if adapters else "no loaded model adapter takes it"
+            raise PipelineFamilyError(f"{e}; {hint}", e.found, e.expected) from None
 
     def _load_pipeline(self, device: torch.device) -> Any:
         """Set the device and weight dtype and load the pipeline (not yet moved to ``device``).
@@ -200,7 +209,7 @@ class DiffusersTransformerPolicy(Policy):
             # same from_pretrained path as the released weights (for CPU runs and tests).
             source = str(self._build_tiny(tiny))
         elif is_local_path(source):
-            check_pipeline_dir(Path(source), self.required_components, self.weighted_components)
+            self._check_dir(Path(source).expanduser())
             source = str(Path(source).expanduser())
         quiet_hf_progress_bars()
         try:
@@ -395,3 +404,15 @@ class DiffusersTransformerPolicy(Policy):
             set_peft_model_state_dict(self.transformer, state["lora"])
         if "transformer" in state:
             self.transformer.load_state_dict(state["transformer"])
+
+
+def _adapters_of(pipeline_class: str) -> list[str]:
+    """The recipe names of the adapters defined so far (the imported model families) that load ``pipeline_class``."""
+    names: set[str] = set()
+    todo = DiffusersTransformerPolicy.__subclasses__()
+    while todo:
+        adapter = todo.pop()
+        todo.extend(adapter.__subclasses__())
+        if adapter.pipeline_class == pipeline_class and adapter.name:
+            names.add(adapter.name)
+    return sorted(names)

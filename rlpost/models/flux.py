@@ -16,23 +16,21 @@ packing); the test suite checks this on a tiny model.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from rlpost.core.api import Conditioning, Policy
+from rlpost.core.api import Conditioning, Policy, Range
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
 from rlpost.models._common import DiffusersTransformerPolicy
 from rlpost.models.adapter_settings import DTypeName, LoraSpec
-from rlpost.models.pipeline_dir import ModelDirError
-from rlpost.models.tiny import ensure_tiny_flux, parse_tiny_id
+from rlpost.models.pipeline_dir import ModelDirError, vae_block_factor
+from rlpost.models.tiny import TINY_VAE_FACTOR, ensure_tiny_flux, parse_tiny_id
 from rlpost.ops.schedules import TimeGrid, shifted_linspace_sigmas, timesteps_from_sigmas
 
 __all__ = ["FluxPolicy", "flux_mu", "flux_sigmas", "pack_latents", "rlpost_register_models", "unpack_latents"]
@@ -126,16 +124,16 @@ class FluxPolicy(DiffusersTransformerPolicy):
         self,
         pretrained: str,
         dtype: DTypeName = "auto",
-        resolution: int = 512,
-        guidance_scale: float = 3.5,
+        resolution: Annotated[int, Range(gt=0)] = 512,
+        guidance_scale: Annotated[float, Range(ge=0)] = 3.5,
         lora: LoraSpec | None = None,
         full_finetune: bool = False,
         gradient_checkpointing: bool = False,
         reference: bool = False,
-        max_sequence_length: int = 512,
+        max_sequence_length: Annotated[int, Range(ge=1)] = 512,
         local_files_only: bool = True,
         time_grid: TimeGrid = "diffusers",
-        shift: float | None = None,
+        shift: Annotated[float, Range(gt=0)] | None = None,
     ) -> None:
         super().__init__(
             pretrained,
@@ -161,34 +159,30 @@ class FluxPolicy(DiffusersTransformerPolicy):
         return 1
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check the settings, the model directory (local, or a hub id's snapshot in the local cache) and that the
-        resolution fits the VAE and the 2x2 packing, without loading weights."""
+        """Check the settings, the model directory (local, or a hub id's snapshot in the local cache: its pipeline
+        class, components and configs) and that the resolution fits the VAE factor (read from its config) and the
+        2x2 packing, without loading weights."""
         problems = self._setting_problems()
-        if not math.isfinite(self.guidance_scale) or self.guidance_scale < 0:
-            problems.append(f"model.init_args.guidance_scale: must be a finite number >= 0, got {self.guidance_scale}")
-        if self.shift is not None and self.shift > 0 and self.time_grid == "diffusers":
+        if self.shift is not None and self.time_grid == "diffusers":
             problems.append(
                 "model.init_args.shift: the 'diffusers' FLUX grid shifts by e^mu from the resolution; set "
                 "shift only with time_grid 'shifted-linspace' (or leave it null)"
             )
         try:
             directory = self._pretrained_dir()
+            if directory is not None:
+                vae_factor: int | None = vae_block_factor(directory)
+            elif parse_tiny_id(self.pretrained) is not None:
+                vae_factor = TINY_VAE_FACTOR  # built on first use from known configs (models/tiny.py)
+            else:
+                vae_factor = None  # a hub id setup() may download: nothing local to read
         except (ValueError, ModelDirError) as e:
             return [*problems, f"model.init_args.pretrained: {e}"]
-        if directory is None:
-            if parse_tiny_id(self.pretrained) is not None:
-                return problems + self._resolution_problems(2)  # the tiny FLUX has VAE factor 2 (models/tiny.py)
-            return problems  # a hub id setup() may download: nothing local to check
-        try:
-            vae = json.loads((directory / "vae" / "config.json").read_text(encoding="utf-8"))
-            vae_factor = 2 ** (len(vae["block_out_channels"]) - 1)
-        except (OSError, ValueError, KeyError, TypeError):
-            return problems  # no readable VAE config: setup() checks the loaded model
-        return problems + self._resolution_problems(vae_factor)
+        return problems + ([] if vae_factor is None else self._resolution_problems(vae_factor))
 
     def _resolution_problems(self, vae_factor: int) -> list[str]:
         factor = 2 * vae_factor
-        if self.resolution > 0 and self.resolution % factor:
+        if self.resolution % factor:
             return [
                 f"model.init_args.resolution: {self.resolution} is not a multiple of {factor} "
                 f"(VAE factor {vae_factor} x 2x2 latent packing)"

@@ -12,21 +12,20 @@ With the Euler ODE kernel and the default ``time_grid="diffusers"``, sampling th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from rlpost.core.api import Conditioning, Policy
+from rlpost.core.api import Conditioning, Policy, Range
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
 from rlpost.models._common import DiffusersTransformerPolicy
 from rlpost.models.adapter_settings import DTypeName, LoraSpec
-from rlpost.models.pipeline_dir import ModelDirError, resolution_problems
-from rlpost.models.tiny import ensure_tiny_sd3
+from rlpost.models.pipeline_dir import ModelDirError, patch_grid_problems, resolution_problems
+from rlpost.models.tiny import TINY_SD3_GEOMETRY, ensure_tiny_sd3, parse_tiny_id
 from rlpost.ops.schedules import TIME_GRIDS, TimeGrid, clean_tail_steps, time_grid_sigmas, timesteps_from_sigmas
 
 __all__ = ["LoraSpec", "SD3Policy", "rlpost_register_models"]
@@ -79,17 +78,17 @@ class SD3Policy(DiffusersTransformerPolicy):
         self,
         pretrained: str,
         dtype: DTypeName = "auto",
-        resolution: int = 512,
-        guidance_scale: float = 4.5,
+        resolution: Annotated[int, Range(gt=0)] = 512,
+        guidance_scale: Annotated[float, Range()] = 4.5,
         negative_prompt: str = "",
         lora: LoraSpec | None = None,
         full_finetune: bool = False,
         gradient_checkpointing: bool = False,
         reference: bool = False,
-        max_sequence_length: int = 256,
+        max_sequence_length: Annotated[int, Range(ge=1)] = 256,
         local_files_only: bool = True,
         time_grid: TimeGrid = "diffusers",
-        shift: float | None = None,
+        shift: Annotated[float, Range(gt=0)] | None = None,
     ) -> None:
         super().__init__(
             pretrained,
@@ -120,20 +119,21 @@ class SD3Policy(DiffusersTransformerPolicy):
         return clean_tail_steps(self.time_grid) if self.time_grid in TIME_GRIDS else None
 
     def validate(self, recipe: Any) -> list[str]:
-        """Check the settings, the model directory (local, or a hub id's snapshot in the local cache) and that the
-        resolution fits the model's configs, without loading weights."""
+        """Check the settings, the model directory (local, or a hub id's snapshot in the local cache: its pipeline
+        class, components and configs) and that the resolution fits the model's VAE factor x patch size and
+        positional embedding, read from its configs without loading weights."""
         problems = self._setting_problems()
-        if not math.isfinite(self.guidance_scale):
-            problems.append(f"model.init_args.guidance_scale: must be a finite number, got {self.guidance_scale}")
         try:
             directory = self._pretrained_dir()
+            if directory is not None:
+                fit = resolution_problems(directory, self.resolution)
+            elif parse_tiny_id(self.pretrained) is not None:  # built on first use from known configs
+                fit = patch_grid_problems(self.resolution, *TINY_SD3_GEOMETRY)
+            else:
+                fit = []  # a hub id setup() may download: nothing local to read
         except (ValueError, ModelDirError) as e:
             return [*problems, f"model.init_args.pretrained: {e}"]
-        if directory is None:
-            return problems  # a tiny id (built on first use from known configs) or a hub id setup() may download
-        if self.resolution > 0:
-            problems.extend(f"model.init_args.resolution: {p}" for p in resolution_problems(directory, self.resolution))
-        return problems
+        return problems + [f"model.init_args.resolution: {p}" for p in fit]
 
     def setup(self, device: torch.device) -> None:
         """Load the pipeline, move it to ``device`` in the weight dtype and prepare LoRA / full FT / reference.

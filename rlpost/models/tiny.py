@@ -33,6 +33,9 @@ import torch
 from rlpost.models.tiny_text import build_text_encoders, flux_text_encoders, sd3_tokenizers
 
 __all__ = [
+    "TINY_SAMPLE_SIZE",
+    "TINY_SD3_GEOMETRY",
+    "TINY_VAE_FACTOR",
     "assemble_sd3_pipeline",
     "build_tiny_flux",
     "build_tiny_sd3",
@@ -40,6 +43,16 @@ __all__ = [
     "ensure_tiny_model",
     "main",
 ]
+
+TINY_SAMPLE_SIZE = 32
+"""Default image size of the tiny pipelines (the transformer's ``sample_size`` and ``pos_embed_max_size`` follow)."""
+TINY_VAE_BLOCKS = 2
+TINY_SD3_PATCH = 2
+TINY_VAE_FACTOR = 2 ** (TINY_VAE_BLOCKS - 1)
+"""VAE scale factor of the tiny SD3 and FLUX pipelines ``tiny-random`` builds (``2 ** (vae_blocks - 1)``)."""
+TINY_SD3_GEOMETRY = (TINY_VAE_FACTOR, TINY_SD3_PATCH, TINY_SAMPLE_SIZE // TINY_VAE_FACTOR // TINY_SD3_PATCH)
+"""``(VAE factor, patch size, pos_embed_max_size)`` of the tiny SD3 ``tiny-random`` builds (:func:`build_tiny_sd3`'s
+defaults): what ``validate`` checks a resolution against before the model is built."""
 
 
 def assemble_sd3_pipeline(
@@ -125,10 +138,10 @@ def build_tiny_sd3(
     out_dir: Path,
     *,
     seed: int = 0,
-    sample_size: int = 32,
+    sample_size: int = TINY_SAMPLE_SIZE,
     num_layers: int = 1,
-    patch_size: int = 2,
-    vae_blocks: int = 2,
+    patch_size: int = TINY_SD3_PATCH,
+    vae_blocks: int = TINY_VAE_BLOCKS,
     clip_merges: int = 1000,
     shift: float = 3.0,
 ) -> Path:
@@ -185,10 +198,10 @@ def build_tiny_flux(
     out_dir: Path,
     *,
     seed: int = 0,
-    sample_size: int = 32,
+    sample_size: int = TINY_SAMPLE_SIZE,
     num_layers: int = 1,
     num_single_layers: int = 1,
-    vae_blocks: int = 2,
+    vae_blocks: int = TINY_VAE_BLOCKS,
     clip_merges: int = 1000,
     guidance_embeds: bool = True,
 ) -> Path:

@@ -19,35 +19,25 @@ from the same noise; the test suite checks this on a tiny model (``rlpost/models
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from rlpost.core.api import Conditioning, Policy
+from rlpost.core.api import Conditioning, Policy, Range
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
 from rlpost.models._common import DiffusersTransformerPolicy
 from rlpost.models.adapter_settings import DTypeName, LoraSpec
-from rlpost.models.pipeline_dir import ModelDirError
+from rlpost.models.pipeline_dir import ModelDirError, read_config
 from rlpost.models.tiny import parse_tiny_id
 from rlpost.models.tiny_wan import TINY_WAN_TRANSFORMER, TINY_WAN_VAE, ensure_tiny_wan
 from rlpost.models.wan_geometry import EULER_SCHEDULER, UNIPC_SCHEDULER, WanGeometry, wan_diffusers_sigmas
 from rlpost.ops.schedules import TimeGrid, shifted_linspace_sigmas, timesteps_from_sigmas
 
 __all__ = ["WanGeometry", "WanPolicy", "rlpost_register_models", "wan_diffusers_sigmas"]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 class WanPolicy(DiffusersTransformerPolicy):
@@ -95,16 +85,16 @@ class WanPolicy(DiffusersTransformerPolicy):
         height: int = 480,
         width: int = 832,
         num_frames: int = 81,
-        guidance_scale: float = 5.0,
+        guidance_scale: Annotated[float, Range()] = 5.0,
         negative_prompt: str = "",
         lora: LoraSpec | None = None,
         full_finetune: bool = False,
         gradient_checkpointing: bool = False,
         reference: bool = False,
-        max_sequence_length: int = 512,
+        max_sequence_length: Annotated[int, Range(ge=1)] = 512,
         local_files_only: bool = True,
         time_grid: TimeGrid = "diffusers",
-        shift: float | None = None,
+        shift: Annotated[float, Range(gt=0)] | None = None,
     ) -> None:
         super().__init__(
             pretrained,
@@ -147,9 +137,9 @@ class WanPolicy(DiffusersTransformerPolicy):
         if directory is None:
             return None
         return (
-            _read_json(directory / "vae" / "config.json"),
-            _read_json(directory / "transformer" / "config.json"),
-            _read_json(directory / "scheduler" / "scheduler_config.json"),
+            read_config(directory, "vae"),
+            read_config(directory, "transformer"),
+            read_config(directory, "scheduler", "scheduler_config.json"),
         )
 
     def clean_tail_steps(self) -> int | None:
@@ -171,20 +161,20 @@ class WanPolicy(DiffusersTransformerPolicy):
         """Check the settings, the model directory (local, or a hub id's snapshot in the local cache), that the
         video size fits the VAE, patch and RoPE, and that the scheduler gives a ``"diffusers"`` grid, all without
         loading weights."""
-        problems = [p for p in self._setting_problems() if not p.startswith("model.init_args.resolution")]
-        if not math.isfinite(self.guidance_scale):
-            problems.append(f"model.init_args.guidance_scale: must be a finite number, got {self.guidance_scale}")
+        problems = self._setting_problems()
         try:
             configs = self._configs()
-        except (ValueError, ModelDirError) as e:
+            geometry = WanGeometry() if configs is None else WanGeometry.from_configs(configs[0], configs[1])
+        except (ValueError, TypeError, ModelDirError) as e:  # TypeError/ValueError: a config value of the wrong kind
             return [*problems, f"model.init_args.pretrained: {e}"]
-        if configs is None:  # a hub id setup() may download: check against Wan2.1's own geometry
-            return problems + WanGeometry().problems(self.height, self.width, self.num_frames)
-        vae, transformer, scheduler = configs
-        problems += WanGeometry.from_configs(vae, transformer).problems(self.height, self.width, self.num_frames)
+        # configs None: a hub id setup() may download, checked against Wan2.1's own geometry
+        problems += geometry.problems(self.height, self.width, self.num_frames)
+        if configs is None:
+            return problems
+        scheduler = configs[2]
         if self.time_grid == "diffusers" and scheduler:
             try:
-                wan_diffusers_sigmas(2, scheduler, self.shift if self.shift and self.shift > 0 else None)
+                wan_diffusers_sigmas(2, scheduler, self.shift)
             except ValueError as e:
                 problems.append(f"model.init_args.time_grid: {e}; use time_grid 'shifted-linspace'")
         return problems

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
-from rlpost.apps.host import build_host
+from rlpost.apps import cli
+from rlpost.apps.host import build_host, reset_host
 from rlpost.engine import evaluation
 from rlpost.engine.checkpoint import CheckpointConfig
 from rlpost.engine.distributed_config import DistributedConfig
@@ -104,3 +107,88 @@ def test_state_breaking_sections_come_from_the_table():
     old = {s.name: {"class_path": "a.A"} for s in SECTIONS if s.state}
     new = {**old, "sampler": {"class_path": "b.B"}, "prompts": {"class_path": "b.B"}}
     assert state_breaking_changes(old, new) == ["sampler.class_path: changed from 'a.A' to 'b.B'"]
+
+
+# ------------------------------------------------------------------------------------ a section of the wrong shape
+
+
+def _wrong_shapes(section) -> list:
+    """Values ``section`` can never hold: a scalar and a container of the other kind (a string names a component or a
+    factory, so it is wrong only where a mapping or a list is expected)."""
+    if section.kind == "component-list":
+        return [5, "abc", {"a": 1}]
+    if section.kind in ("component", "factory"):
+        return [5, [1, 2]]
+    return [5, [1, 2], "abc"]
+
+
+WRONG_SHAPES = [(s.name, value) for s in SECTIONS for value in _wrong_shapes(s)]
+
+
+@pytest.mark.parametrize(("name", "value"), WRONG_SHAPES, ids=lambda v: repr(v))
+def test_every_section_given_the_wrong_shape_is_a_problem_naming_it(name, value, tmp_path):
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
+    cfg = toy_recipe(str(tmp_path / "r"))
+    cfg[name] = value
+    with pytest.raises(RecipeError) as err:
+        validate(cfg, host)
+    assert any(p.startswith(f"{name}: expected ") for p in err.value.problems), err.value.problems
+    assert "functools" not in str(err.value) and "partial" not in str(err.value)
+
+
+def test_nested_settings_and_init_args_of_the_wrong_shape_name_their_field(tmp_path):
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
+    cfg = toy_recipe(str(tmp_path / "r"), accelerate=5)
+    cfg["sampler"] = {"class_path": "toy-chain", "init_args": [3]}
+    cfg["eval"] = {"prompts": cfg["prompts"], "alarm": 5}
+    with pytest.raises(RecipeError) as err:
+        validate(cfg, host)
+    problems = err.value.problems
+    assert any(p.startswith("run.accelerate: expected a mapping of its settings") for p in problems), problems
+    assert any(p.startswith("sampler.init_args: expected a mapping of constructor arguments") for p in problems)
+    assert "eval.alarm: expected a mapping of its settings, got a value of type int" in problems, problems
+    assert "functools" not in str(err.value)
+
+
+TINY_TREEGRPO = Path(__file__).resolve().parents[2] / "recipes" / "tiny" / "treegrpo.yaml"
+
+
+@pytest.mark.parametrize("command", ["validate", "train"])
+@pytest.mark.parametrize(("name", "value"), [(s.name, 5) for s in SECTIONS] + [("run", [1, 2]), ("eval", "abc")])
+def test_a_section_given_a_scalar_in_an_overlay_is_refused(name, value, command, tmp_path, capsys):
+    """jsonargparse dropped ``run: 5`` and ``eval: 5`` from an overlay (a run trained) and refused ``checkpoint: 5``
+    with its instantiation internals; each is refused before it reads the file, naming the section and the file."""
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(yaml.safe_dump({name: value}))
+    out = tmp_path / "run"
+    reset_host(None)
+    try:
+        rc = cli.main([command, "--recipe", str(TINY_TREEGRPO), "--recipe", str(overlay), "--run.output_dir", str(out)])
+    finally:
+        reset_host(None)
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2, err
+    assert f"{name}: expected " in err and str(overlay) in err and "Traceback" not in err and "functools" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--run", "5"], "run: expected a mapping of its settings or a settings file, got '5'"),
+        (["--checkpoint", "[1, 2]"], "checkpoint: expected a mapping of its settings or a settings file"),
+        (["--run.accelerate", "5"], "run.accelerate: expected a mapping of its settings or a settings file"),
+        (["--ema", "5"], "ema: expected a mapping of its settings or null, got '5'"),
+        (["--eval", "5"], "--eval: set the section's fields one by one (--eval.FIELD VALUE) or in a recipe file"),
+    ],
+)
+def test_a_section_given_a_scalar_on_the_command_line_is_refused(option, message, tmp_path, capsys):
+    out = tmp_path / "run"
+    reset_host(None)
+    try:
+        rc = cli.main(["validate", "--recipe", str(TINY_TREEGRPO), "--run.output_dir", str(out), *option])
+    finally:
+        reset_host(None)
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2 and message in err, err
+    assert "Traceback" not in err and not out.exists()

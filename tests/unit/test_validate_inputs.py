@@ -17,6 +17,7 @@ from rlpost.engine.recipe import device_problem
 from rlpost.models.adapter_settings import LoraSpec
 from rlpost.models.sd3 import SD3Policy
 from tests import toy_components
+from tests.argument_checks import problems_of
 from tests.toy_components import toy_recipe
 from tests.weights_standins import write_sd3_standin
 
@@ -131,8 +132,8 @@ def test_prompt_file_problems_name_file_and_record(tmp_path, name, content, mess
 
 def test_prompt_file_limit_must_be_positive(tmp_path):
     (tmp_path / "p.txt").write_text("a red apple\n")
-    assert PromptFile(str(tmp_path / "p.txt"), limit=0).validate(None) == [
-        "prompts.init_args.limit: must be >= 1 or null, got 0"
+    assert problems_of(PromptFile, "prompts", path=str(tmp_path / "p.txt"), limit=0) == [
+        "prompts.init_args.limit: must be >= 1, got 0"
     ]
     assert PromptFile(str(tmp_path / "p.txt"), limit=1).validate(None) == []
 

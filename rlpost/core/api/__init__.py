@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rlpost.core.api.advantage import AdvantageEstimator, Advantages
+from rlpost.core.api.arguments import InvalidArguments, Range
 from rlpost.core.api.component import Component
 from rlpost.core.api.policy import Conditioning, Policy
 from rlpost.core.api.prompts import PromptSource
@@ -29,10 +30,12 @@ __all__ = [
     "Component",
     "Conditioning",
     "EdgeEval",
+    "InvalidArguments",
     "MediaScope",
     "Policy",
     "PolicyOptimizer",
     "PromptSource",
+    "Range",
     "RewardSource",
     "Sampler",
     "StepCounts",

@@ -11,7 +11,9 @@ One module per responsibility (each imports its siblings directly; this package 
   :class:`RecipeError`;
 * :mod:`~rlpost.engine.recipe.sources`: recipe files read within the YAML limits and merged as plain data;
 * :mod:`~rlpost.engine.recipe.names`: component names resolved to class paths, contested names refused;
-* :mod:`~rlpost.engine.recipe.typecheck`: jsonargparse type checks with problems naming the field;
+* :mod:`~rlpost.engine.recipe.shapes`: the shape each section's value must have, checked before jsonargparse reads it;
+* :mod:`~rlpost.engine.recipe.typecheck`: jsonargparse type checks with problems naming the field (and the arguments a
+  component's constructor refused);
 * :mod:`~rlpost.engine.recipe.validate`: :func:`validate`, every problem at once (the ``eval`` section by
   :mod:`rlpost.engine.evaluation.section`);
 * :mod:`~rlpost.engine.recipe.resume`: the changes that break a checkpoint's state;

@@ -39,6 +39,7 @@ from rlpost.engine.recipe.schema import (
     Section,
     clip_text,
 )
+from rlpost.engine.recipe.shapes import shape_problems
 from rlpost.engine.recipe.sources import check_value_limits, merge_sources, read_yaml, recipe_files
 from rlpost.engine.recipe.typecheck import clean_message, unknown_option_problem
 from rlpost.engine.recipe.validate import validate
@@ -100,6 +101,10 @@ def parse_recipe_args(
             ]
         )
     check_value_limits(argv)
+    # jsonargparse drops or misreads a section of the wrong shape (rlpost/engine/recipe/shapes.py): refuse it first.
+    shapes = [f"{p} (in {path})" for path, doc in zip(files, docs, strict=True) for p in shape_problems(doc)]
+    if shapes:
+        raise RecipeError(shapes)
     refuse_contested(argv, docs, host)
     token = _PARSE_HOST.set(host)
     try:
@@ -164,6 +169,10 @@ def _parse_problem(message: str) -> tuple[str, str | None]:
     """jsonargparse's parse error as a recipe problem naming the field path, with the nearest name for an unknown
     option, and the top-level field it names (``None`` when it names none)."""
     match = re.match(r'\s*Parser key "([^"]+)":', message)
+    ambiguous = re.match(r"\s*ambiguous option: --([^\s=]+) could match", message)
+    if ambiguous is not None and ambiguous.group(1) in SECTION:  # --eval VALUE: the section has no option of its own
+        name = ambiguous.group(1)
+        return f"--{name}: set the section's fields one by one (--{name}.FIELD VALUE) or in a recipe file", None
     if match is None:
         unrecognized = re.match(r"\s*[Uu]nrecognized arguments: --([^\s=]+)", message)
         if unrecognized is not None:  # an option that is no recipe field
@@ -178,6 +187,9 @@ def _parse_problem(message: str) -> tuple[str, str | None]:
             return f"--{name}: unknown option{suggest(top, list(SECTION))}", None
         return clip_text(" ".join(message.split()), MAX_PROBLEM_CHARS), None
     where = match.group(1)
+    not_loaded = re.search(r"Unable to load config '([^']*)'", message)
+    if not_loaded is not None:  # a settings group given a value that is neither a mapping nor a readable file
+        return f"{where}: expected a mapping of its settings or a settings file, got {not_loaded.group(1)!r}", where
     # "Problem with given class_path 'X'" (classes) or "Got value: Namespace(class_path='X', ...)" (callables)
     given = re.search(r"given class_path '([^']+)'|class_path='([^']+)'", message)
     if given is not None:
@@ -193,6 +205,11 @@ def _parse_problem(message: str) -> tuple[str, str | None]:
             unknown = unknown_option_problem(where, None, {"class_path": class_path}, message)
         if unknown is not None:
             return unknown, where
+    scalar = re.search(r"Given value type: <class '(\w+)'> Given value: (.*)$", " ".join(message.split()))
+    section = SECTION.get(where)
+    if scalar is not None and scalar.group(1) in ("str", "int", "float", "bool", "list") and section is not None:
+        if section.kind == "config":  # an optional settings section given a scalar or a list
+            return f"{where}: expected a mapping of its settings or null, got {scalar.group(2)!r}", where
     return f"{where}: {clean_message(message, where)}", where
 
 

@@ -16,19 +16,26 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
+from rlpost.core.api import InvalidArguments
+
 __all__ = ["check_with_parser", "clean_message", "init_signature", "unknown_option_problem", "with_defaults"]
 
 
 def check_with_parser(key: str, typ: Any, value: Any, problems: list[str], where: str | None = None) -> Any:
-    """Type-check one section with jsonargparse; on failure record the message prefixed with the field name
-    (``where``, default ``key``). An unknown option is reported under its full field path with the nearest name."""
+    """Type-check one section with jsonargparse and instantiate it; on failure record the message prefixed with the
+    field name (``where``, default ``key``). An unknown option is reported under its full field path with the nearest
+    name, and each argument a component's constructor refused (:class:`~rlpost.core.api.InvalidArguments`) under
+    ``where.init_args.NAME``."""
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument(f"--{key}", type=typ)
+    where = where or key
     try:
         ns = parser.parse_object({key: value})
         return parser.instantiate_classes(ns)[key]
+    except InvalidArguments as exc:  # the constructor's own checks, argument by argument
+        problems.extend(f"{where}.init_args.{name}: {text}" for name, text in exc.problems.items())
+        return None
     except Exception as exc:  # noqa: BLE001 - jsonargparse raises several types; all are recipe problems
-        where = where or key
         problems.append(
             unknown_option_problem(where, typ, value, str(exc)) or f"{where}: {clean_message(str(exc), key)}"
         )
@@ -123,7 +130,15 @@ def with_defaults(value: Any) -> Any:
     return {**value, "init_args": init} if init else value
 
 
+_NOT_A_MAPPING = re.compile(r"functools\.partial\(.*\) argument after \*\* must be a mapping, not (\w+)")
+
+
 def clean_message(message: str, key: str) -> str:
+    """jsonargparse's message on one line, without its parser-key prefix; settings (a dataclass) given something
+    other than a mapping say so instead of naming jsonargparse's instantiation internals."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     text = " ".join(lines)
+    not_a_mapping = _NOT_A_MAPPING.search(text)
+    if not_a_mapping is not None:
+        return f"expected a mapping of its settings, got a value of type {not_a_mapping.group(1)}"
     return text.replace(f'Parser key "{key}":', "").strip()

@@ -21,6 +21,7 @@ from rlpost.engine.evaluation.section import component_problems, validate_eval
 from rlpost.engine.lr_schedule import is_run_length_lr
 from rlpost.engine.recipe.names import resolve_component
 from rlpost.engine.recipe.schema import SECTION, SECTIONS, OptimizerFactory, Recipe, RecipeError, Section
+from rlpost.engine.recipe.shapes import section_shape_problems
 from rlpost.engine.recipe.typecheck import check_with_parser, with_defaults
 from rlpost.models.acceleration import acceleration_problems
 from rlpost.ops.media import media_problems
@@ -31,8 +32,10 @@ __all__ = ["validate"]
 def validate(cfg: dict[str, Any], host: Registries) -> Recipe:
     """Validate a merged recipe and instantiate its components (no weights are loaded).
 
-    Each section in :data:`SECTIONS` is type-checked by its kind; the range problems of the config sections (their
-    ``problems()``) and the checks across sections follow, then the components' own checks.
+    Each section in :data:`SECTIONS` is checked for its kind's shape (:mod:`~rlpost.engine.recipe.shapes`), then
+    type-checked and instantiated by its kind (a component's constructor checks its declared argument ranges); the
+    range problems of the config sections (their ``problems()``) and the checks across sections follow, then the
+    components' own ``validate``.
 
     Args:
         cfg: The merged recipe as plain data.
@@ -73,7 +76,14 @@ class _SectionChecks:
         self.resolved: dict[str, Any] = {}
 
     def check(self, s: Section) -> None:
-        """Check the top-level section ``s`` by its kind."""
+        """Check the top-level section ``s`` by its kind, once its value has the kind's shape (a section of the
+        wrong shape is recorded as a problem and left unbuilt)."""
+        shape = section_shape_problems(s, self.cfg.get(s.name))
+        if shape:
+            self.problems.extend(shape)
+            self.built[s.name] = [] if s.kind == "component-list" else {} if s.kind == "mapping" else None
+            self.resolved[s.name] = self.cfg[s.name]
+            return
         by_kind = {
             "config": self.config,
             "component": self.component,
@@ -207,17 +217,15 @@ def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
     problems.extend(acceleration_problems(recipe.run.accelerate, recipe.model))
     if problems or not sane_run:
         return problems  # the component checks below assume a sane run section
-    components: list[Component] = [
-        recipe.model,
-        recipe.prompts,
-        recipe.sampler,
-        *recipe.rewards,
-        recipe.advantage,
-        recipe.optimizer,
-    ]
+    components: list[Component] = [recipe.model, recipe.prompts, recipe.sampler, *recipe.rewards]
     for component in components:
-        for problem in component.validate(recipe):
-            problems.append(problem)
+        problems.extend(component.validate(recipe))
+    sampler_problems = any(p.startswith("sampler.") for p in problems)
+    # The advantage estimator and the update rule may consult the sampler (recipe.counts(), its window law): with a
+    # setting the sampler refused, that would raise instead of report. Their own arguments were range-checked when
+    # they were constructed.
+    for component in () if sampler_problems else (recipe.advantage, recipe.optimizer):
+        problems.extend(component.validate(recipe))
     problems.extend(media_problems(recipe.model, [(f"rewards[{i}]", r) for i, r in enumerate(recipe.rewards)]))
     if recipe.eval is not None:  # evaluation components report under their own fields
         problems.extend(component_problems(recipe.eval, recipe))

@@ -6,6 +6,7 @@ import torch
 
 from rlpost.models import LoraSpec
 from rlpost_dancegrpo.sampler import DanceGRPOSampler
+from tests.argument_checks import problems_of
 from tests.unit.components.chain_helpers import (
     check_end_to_end,
     check_rollout_contract,
@@ -34,10 +35,12 @@ def test_plan_trains_a_random_subset_per_sample() -> None:
 
 
 def test_validate_names_fields() -> None:
-    problems = DanceGRPOSampler(timestep_fraction=1.5, eta=0.0, chunk_size=0).validate(None)
-    text = "\n".join(problems)
-    for field in ("timestep_fraction", "eta", "chunk_size"):
-        assert f"sampler.init_args.{field}" in text
+    problems = problems_of(DanceGRPOSampler, "sampler", timestep_fraction=1.5, eta=0.0, chunk_size=0)
+    assert problems == [
+        "sampler.init_args.eta: must be > 0, got 0.0",
+        "sampler.init_args.timestep_fraction: must be in (0, 1], got 1.5",
+        "sampler.init_args.chunk_size: must be >= 1, got 0",
+    ]
     assert "timestep_fraction" in "".join(DanceGRPOSampler(num_steps=2, timestep_fraction=0.5).validate(None))
     assert DanceGRPOSampler().validate(None) == []
 

@@ -12,6 +12,7 @@ import torch
 from rlpost.models import LoraSpec
 from rlpost_ddpo.advantage import STD_EPS, PerPromptStatTracker
 from rlpost_ddpo.sampler import DDPOSampler
+from tests.argument_checks import problems_of
 from tests.unit.components.chain_helpers import (
     chain_rollout,
     check_end_to_end,
@@ -82,7 +83,8 @@ def test_sampler_plan_counts_and_ratio(make_sd3_policy) -> None:
     assert plan.step_kernel == [0, 0, 1, 1] and plan.trainable[:, :2].all() and not plan.trainable[:, 2:].any()
     late = DDPOSampler(num_steps=4, penultimate_step="sde").plan(torch.linspace(1, 0, 5), 3, torch.Generator())
     assert late.step_kernel == [0, 0, 0, 1] and late.trainable[:, :3].all()
-    assert "sampler.init_args.timestep_fraction" in sampler.__class__(timestep_fraction=0).validate(None)[0]
+    (refused,) = problems_of(DDPOSampler, "sampler", timestep_fraction=0)
+    assert refused == "sampler.init_args.timestep_fraction: must be in (0, 1], got 0"
     policy = make_sd3_policy(lora=LoraSpec(rank=4, alpha=8), guidance_scale=1.0)
     perturb_lora(policy, seed=1)
     rollout = check_rollout_contract(sampler, policy, groups=3, per_group=2)

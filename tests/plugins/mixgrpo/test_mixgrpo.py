@@ -12,6 +12,7 @@ from rlpost.models import LoraSpec
 from rlpost.ops.schedules import sd3_sigmas
 from rlpost_mixgrpo.sampler import MixGRPOSampler, compressed_tail
 from rlpost_mixgrpo.window import WindowScheduler
+from tests.argument_checks import problems_of
 from tests.unit.components.chain_helpers import (
     check_end_to_end,
     check_rollout_contract,
@@ -69,8 +70,9 @@ def test_decay_strategy_shortens_interval() -> None:
 def test_validate_rejects_window_larger_than_schedule() -> None:
     problems = MixGRPOSampler(num_steps=6, window_size=5).validate(None)
     assert any(p.startswith("sampler.init_args.window_size") for p in problems)
-    problems = MixGRPOSampler(dpm_after_window=True, compress_ratio=0.0, shift_interval=0).validate(None)
-    assert any("compress_ratio" in p for p in problems) and any("shift_interval" in p for p in problems)
+    (ratio,) = problems_of(MixGRPOSampler, "sampler", dpm_after_window=True, compress_ratio=0.0)
+    assert ratio == "sampler.init_args.compress_ratio: must be in (0, 1], got 0.0"
+    assert any("shift_interval" in p for p in MixGRPOSampler(shift_interval=0).validate(None))
     assert MixGRPOSampler().validate(None) == []
 
 

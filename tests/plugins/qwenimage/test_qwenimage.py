@@ -19,6 +19,7 @@ from diffusers import QwenImagePipeline
 
 from rlpost import LoraSpec, StepKernel, make_kernel, pack_latents, shifted_linspace_sigmas, time_shift, unpack_latents
 from rlpost_qwenimage.policy import QwenImagePolicy
+from tests.argument_checks import problems_of
 from tests.tolerances import assert_fp32_close, assert_pixels_close
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -362,11 +363,13 @@ def test_validate_names_the_field_before_any_weight_loads(
     (released / "vae" / "config.json").write_text(json.dumps(vae_config | {"temperal_downsample": [False, True, True]}))
     (bad,) = QwenImagePolicy(str(released), resolution=520).validate(None)
     assert bad.startswith("model.init_args.resolution:") and "multiple of 16" in bad, bad
+    refused = {"max_sequence_length": 2000, "true_cfg_scale": math.nan}  # outside the declared ranges
+    for field, value in refused.items():
+        (problem,) = problems_of(QwenImagePolicy, "model", pretrained=str(tiny_qwenimage_dir), **{field: value})
+        assert problem.startswith(f"model.init_args.{field}: must be"), problem
     problems = {
-        "max_sequence_length": QwenImagePolicy(str(tiny_qwenimage_dir), resolution=32, max_sequence_length=2000),
         "shift": QwenImagePolicy(str(tiny_qwenimage_dir), resolution=32, shift=3.0),
         "time_grid": QwenImagePolicy(str(tiny_qwenimage_dir), resolution=32, time_grid="karras"),  # type: ignore[arg-type]
-        "true_cfg_scale": QwenImagePolicy(str(tiny_qwenimage_dir), resolution=32, true_cfg_scale=math.nan),
         "pretrained": QwenImagePolicy(str(tmp_path / "nope"), resolution=32),
     }
     for field, policy in problems.items():

@@ -15,6 +15,7 @@ from rlpost_treegrpo.advantage import (
     calibrated_weights,
     grouped_ess,
 )
+from tests.argument_checks import problems_of
 
 NAN = float("nan")
 
@@ -178,8 +179,11 @@ def test_sum_reduction_sharpens_weights() -> None:
 
 
 def test_validation_messages() -> None:
-    problems = TreeBackupAdvantage(temperature=0.0, eps=-1.0).validate(None)
-    assert any("temperature" in p for p in problems) and any("eps" in p for p in problems)
+    problems = problems_of(TreeBackupAdvantage, "advantage", temperature=0.0, eps=-1.0)
+    assert problems == [
+        "advantage.init_args.temperature: must be > 0, got 0.0",
+        "advantage.init_args.eps: must be >= 0, got -1.0",
+    ]
 
 
 def test_population_std_option_matches_the_official_code_normalisation() -> None:
@@ -269,7 +273,7 @@ def test_calibrated_estimator_reports_the_target_ess_and_validates() -> None:
     r = make_rollout([0, 1, 1, 1], [0] * 4, [(0, 1 + j, logp[j], True) for j in range(3)], samples=[1, 2, 3])
     out = TreeBackupAdvantage(weights="calibrated", target_ess=0.6).estimate(r, scores([1.0, 0.1, -0.2]))
     assert out.metrics["adv/backup_ess"] == pytest.approx(1.8, abs=1e-6)
-    problems = TreeBackupAdvantage(weights="calibrated", target_ess=1.5).validate(None)
-    assert any("advantage.init_args.target_ess" in p for p in problems)
+    problems = problems_of(TreeBackupAdvantage, "advantage", weights="calibrated", target_ess=1.5)
+    assert problems == ["advantage.init_args.target_ess: must be in [0, 1], got 1.5"]
     with pytest.raises(ValueError, match="target_ess"):
         backup_values(r, torch.zeros(3), "calibrated", target_ess=-0.1)

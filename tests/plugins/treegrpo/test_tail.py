@@ -21,6 +21,7 @@ from rlpost.core.api import Conditioning, Policy
 from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.ops.dpm_solver import dpm_solver_pp2_step
 from rlpost_treegrpo.sampler import TreeSampler
+from tests.argument_checks import problems_of
 from tests.tolerances import assert_fp32_close
 
 MU, S = 0.7, 0.5
@@ -244,5 +245,5 @@ def test_full_tail_schedule_is_the_run_grid() -> None:
     ],
 )
 def test_bad_tail_settings_name_their_field(kw: dict[str, Any], field: str) -> None:
-    problems = TreeSampler(**kw).validate(None)
+    problems = problems_of(TreeSampler, "sampler", **kw)
     assert any(p.startswith(field) for p in problems), problems

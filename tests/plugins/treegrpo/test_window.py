@@ -9,6 +9,7 @@ from scipy.stats import chisquare
 from rlpost.core.contract import PromptBatch
 from rlpost_treegrpo.sampler import TreeSampler
 from rlpost_treegrpo.window import draw_window_start, progressive_start, progressive_starts, window_probs
+from tests.argument_checks import problems_of
 
 
 def test_geometric_formula_matches_paper_table() -> None:
@@ -66,7 +67,7 @@ def test_fixed_window_is_deterministic() -> None:
     ],
 )
 def test_sampler_validation_names_the_field(kwargs: dict, field: str) -> None:
-    problems = TreeSampler(**kwargs).validate(None)
+    problems = problems_of(TreeSampler, "sampler", **kwargs)
     assert any(f"sampler.init_args.{field}" in p for p in problems), problems
 
 

@@ -10,6 +10,7 @@ import torch
 from rlpost.components.clipped_surrogate import ClippedSurrogate, parent_aligned_chunks
 from rlpost.core.api import Advantages, EdgeEval, UpdateContext
 from rlpost.core.contract import Rollout
+from tests.argument_checks import problems_of
 
 
 def test_parent_aligned_chunks_never_split_a_parent():
@@ -347,23 +348,25 @@ class _Counts:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"optimizer_steps": 0}, "optimizer.init_args.optimizer_steps: must be an integer >= 1 or null, got 0"),
-        ({"units_per_step": -2}, "optimizer.init_args.units_per_step: must be an integer >= 1 or null, got -2"),
+        ({"optimizer_steps": 0}, "optimizer.init_args.optimizer_steps: must be >= 1, got 0"),
+        ({"units_per_step": -2}, "optimizer.init_args.units_per_step: must be >= 1, got -2"),
         ({"optimizer_steps": 1.5}, "optimizer.init_args.optimizer_steps: must be an integer >= 1 or null, got 1.5"),
-        ({"inner_epochs": 0}, "optimizer.init_args.inner_epochs: must be an integer >= 1, got 0"),
+        ({"inner_epochs": 0}, "optimizer.init_args.inner_epochs: must be >= 1, got 0"),
+        ({"clip_range": 0.0}, "optimizer.init_args.clip_range: must be > 0, got 0.0"),
+        ({"kl_coef": float("nan")}, "optimizer.init_args.kl_coef: must be a finite number >= 0, got nan"),
         ({"minibatch_edges": None}, "optimizer.init_args.minibatch_edges: must be an integer >= 1, got None"),
         ({"optimizer_steps": 2, "units_per_step": 4}, "optimizer.init_args.units_per_step: set either"),
         ({"accumulation_unit": "edge"}, "optimizer.init_args.accumulation_unit: must be one of ['parent', 'sample']"),
         ({"loss_normalisation": "sum"}, "optimizer.init_args.loss_normalisation: must be one of ['edge', 'parent']"),
         ({"shuffle": "yes"}, "optimizer.init_args.shuffle: must be true or false, got 'yes'"),
         ({"optimizer_steps": 13}, "optimizer.init_args.optimizer_steps: 13 optimizer steps per pass but only 12"),
-        ({"units_per_step": 0}, "optimizer.init_args.units_per_step: must be an integer >= 1 or null, got 0"),
+        ({"units_per_step": 0}, "optimizer.init_args.units_per_step: must be >= 1, got 0"),
         ({"accumulation_unit": "sample", "optimizer_steps": 2}, "'sample' needs chain rollouts"),
     ],
 )
 def test_validate_rejects_nonsense_naming_the_field(kwargs, message):
     tree = _Counts(images=36, edges=36, forwards=12)  # 12 parents with 3 trained children each
-    problems = ClippedSurrogate(**kwargs).validate(tree)
+    problems = problems_of(ClippedSurrogate, "optimizer", tree, **kwargs)
     assert any(message in p for p in problems), problems
 
 

@@ -27,6 +27,7 @@ from rlpost.models.wan_geometry import WanGeometry, wan_diffusers_sigmas
 from rlpost.ops.kernels import DanceGRPOSDE, EulerODE, FlowGRPOSDE, StepKernel
 from rlpost.ops.sampling import evaluate_edges
 from rlpost.ops.schedules import shifted_linspace_sigmas, time_shift
+from tests.argument_checks import problems_of
 from tests.models_fixtures_wan import *  # noqa: F403  (the fixtures tiny_wan_dir, make_wan_policy)
 from tests.models_fixtures_wan import WAN_FRAMES, WAN_HEIGHT, WAN_WIDTH
 from tests.tolerances import assert_fp32_close, assert_pixels_close
@@ -395,8 +396,8 @@ def test_validation_names_the_field_before_loading(
     assert big.startswith("model.init_args.height:") and "rope_max_seq_len 32" in big
     (grid,) = WanPolicy(str(tiny_wan_dir), **SIZE, time_grid="karras").validate(None)  # type: ignore[arg-type]
     assert grid.startswith("model.init_args.time_grid:")
-    (cfg,) = WanPolicy(str(tiny_wan_dir), **SIZE, guidance_scale=math.inf).validate(None)
-    assert cfg.startswith("model.init_args.guidance_scale:")
+    (cfg,) = problems_of(WanPolicy, "model", pretrained=str(tiny_wan_dir), **SIZE, guidance_scale=math.inf)
+    assert cfg == "model.init_args.guidance_scale: must be a finite number, got inf"
 
 
 def test_setup_refuses_bad_sizes_and_settings(tiny_wan_dir: Path) -> None:

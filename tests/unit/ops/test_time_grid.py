@@ -16,6 +16,7 @@ from rlpost.ops.schedules import (
     time_grid_sigmas,
     time_shift,
 )
+from tests.argument_checks import problems_of
 from tests.tolerances import assert_fp32_close
 
 
@@ -72,8 +73,9 @@ def test_policy_sigmas_follow_the_time_grid_and_shift(make_sd3_policy: Callable[
 
 
 def test_policy_validation_names_the_fields() -> None:
-    bad = SD3Policy("tiny-random", time_grid="karras", shift=0.0)  # type: ignore[arg-type]
-    problems = "\n".join(bad.validate(None))
-    assert "model.init_args.time_grid" in problems and "'shifted-linspace'" in problems
-    assert "model.init_args.shift" in problems
-    assert SD3Policy("tiny-random", time_grid="shifted-linspace", shift=3.0).validate(None) == []
+    (grid,) = SD3Policy("tiny-random", resolution=32, time_grid="karras").validate(None)  # type: ignore[arg-type]
+    assert grid.startswith("model.init_args.time_grid") and "'shifted-linspace'" in grid
+    assert problems_of(SD3Policy, "model", pretrained="tiny-random", shift=0.0) == [
+        "model.init_args.shift: must be > 0, got 0.0"
+    ]
+    assert SD3Policy("tiny-random", resolution=32, time_grid="shifted-linspace", shift=3.0).validate(None) == []
