@@ -131,6 +131,16 @@ ALLOWED: dict[tuple[str, str], str] = {
         "tests/unit/components/test_chain.py",
         "assert together.sample_group.tolist() == alone.sample_group.tolist()",
     ): "no-arithmetic",
+    # scores parsed from a canned JSON answer (serialised values, no arithmetic)
+    (
+        "tests/plugins/rewards/test_remote.py",
+        'assert remote.score(make_images(2, size=8), ["a", "b"], [{}, {}]).tolist() == [1.0, 2.0]',
+    ): "no-arithmetic",
+    # a checkpoint file re-hashed so the integrity check passes (a digest is assigned, nothing compared)
+    (
+        "tests/unit/test_run_integrity.py",
+        'manifest["files"][name] = hashlib.sha256(text.encode()).hexdigest()',
+    ): "no-arithmetic",
     (
         "tests/unit/test_overlap.py",
         'assert merged.num_samples == 3 and scores.scores["r"].tolist() == [1.0, 1.0, 1.0]',
