@@ -104,7 +104,7 @@ def test_generated_non_utf8_file_is_refused(capsys, tmp_path):
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"run: {seed: 1}\n\xff\xfe\x00garbage\n")
     err = _refused(capsys, binary, tmp_path / "run")
-    assert "binary.yaml: not valid YAML: not UTF-8 text" in err
+    assert "binary.yaml: not UTF-8 text (invalid start byte at byte 15, line 2)" in err
 
 
 def test_generated_very_deep_nesting_stops_early(capsys, tmp_path):
@@ -117,7 +117,7 @@ def test_generated_very_deep_nesting_stops_early(capsys, tmp_path):
 
 def test_directory_instead_of_a_file(capsys, tmp_path):
     assert cli.main(["validate", "--recipe", str(tmp_path)]) == 2
-    assert f"recipe file not found: {tmp_path}" in capsys.readouterr().err
+    assert f"{tmp_path}: a directory, not a recipe file" in capsys.readouterr().err
 
 
 def _bomb(levels: int) -> str:
