@@ -57,7 +57,6 @@ Modules: :mod:`~rlpost.bench.spec` (the recipe), :mod:`~rlpost.bench.driver` (ru
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,6 +69,7 @@ from rlpost.bench.measure import PHASES, AlgoState, IterRecord, machine_info, ru
 from rlpost.bench.plot import plot_wallclock
 from rlpost.bench.report import markdown, write_outputs
 from rlpost.bench.spec import PAPER_QUANTITIES, AlgoSpec, BenchSpec, load_bench
+from rlpost.core.user_files import UserFileError, read_json_file
 from rlpost.engine.rundir import json_safe
 
 __all__ = [
@@ -100,6 +100,9 @@ __all__ = [
     "write_outputs",
 ]
 
+MAX_RESULT_BYTES = 256 * 1024 * 1024
+"""The largest ``bench.json`` ``--report-only`` reads (a long bench over many seeds writes tens of MB)."""
+
 
 def main(argv: Sequence[str]) -> int:
     """``rlpost bench --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]``."""
@@ -112,7 +115,13 @@ def main(argv: Sequence[str]) -> int:
     ns, rest = parser.parse_known_args(list(argv))
     if ns.report_only:
         out = Path(ns.report_only)
-        result = upgrade_legacy(json.loads((out / "bench.json").read_text()))
+        try:
+            result = read_json_file(out / "bench.json", "bench result", MAX_RESULT_BYTES)
+        except UserFileError as exc:
+            parser.error(f"--report-only: {exc}")
+        if not isinstance(result, dict):
+            parser.error(f"--report-only: {out / 'bench.json'}: not a bench result (a JSON object) of rlpost bench")
+        result = upgrade_legacy(result)
         result["algorithms"] = json_safe(aggregate(result))
         result["comparisons"] = json_safe(comparisons(result))
         write_outputs(result, out)
