@@ -44,7 +44,7 @@ class UserFileError(ValueError):
 
 
 def read_text_file(path: str | os.PathLike[str], what: str, max_bytes: int) -> str:
-    """The UTF-8 text of ``path``.
+    """The UTF-8 text of ``path`` (without a leading byte-order mark).
 
     Args:
         path: The file.
@@ -69,7 +69,7 @@ def read_text_file(path: str | os.PathLike[str], what: str, max_bytes: int) -> s
     if len(data) > max_bytes:
         raise UserFileError(f"{path}: larger than {max_bytes} bytes, the limit for a {what}")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark marks the encoding, it is no text
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise UserFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}, line {line})") from None
