@@ -48,7 +48,8 @@ Outputs (in ``bench.output_dir``): ``bench.json`` (every run and the aggregates)
 the TreeGRPO paper's Table 1, held-out tables, ratios, reward levels, conclusions, cost model and phases),
 ``reward_vs_wallclock.png``, and each run's directory with its own ``bench_run.json``.
 
-Modules: :mod:`~rlpost.bench.spec` (the recipe), :mod:`~rlpost.bench.driver` (runners and schedule),
+Modules: :mod:`~rlpost.bench.spec` (the recipe; its ``paper`` section: :mod:`~rlpost.bench.paper`),
+:mod:`~rlpost.bench.driver` (runners and schedule),
 :mod:`~rlpost.bench.measure` (per-run records), :mod:`~rlpost.bench.costmodel` (calibration and predictions),
 :mod:`~rlpost.bench.aggregate` and :mod:`~rlpost.bench.compare` (over seeds, :mod:`~rlpost.bench.stats`),
 :mod:`~rlpost.bench.report`, :mod:`~rlpost.bench.tables` and :mod:`~rlpost.bench.plot` (outputs).
