@@ -5,7 +5,7 @@ command can turn it into its own error type (exit status 2, no traceback):
 
 * missing; a directory; not a regular file (a FIFO or a device would block or never end);
 * larger than the caller's bound, refused after reading at most one byte more (the size on disk may change);
-* not UTF-8, naming the byte offset and the line;
+* not UTF-8, naming the line and the byte offset (``FILE:LINE: not UTF-8 text (... at byte N)``);
 * YAML over the limits of :mod:`rlpost.core.yaml_limits` (size, nesting, aliases, entries, duplicate keys) or JSON
   nested too deep or repeating a key (Python's ``json`` keeps the last one silently, like PyYAML).
 """
@@ -72,7 +72,7 @@ def read_text_file(path: str | os.PathLike[str], what: str, max_bytes: int) -> s
         return data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark marks the encoding, it is no text
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise UserFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}, line {line})") from None
+        raise UserFileError(f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def read_yaml_file(path: str | os.PathLike[str], what: str, limits: YamlLimits = RECIPE_LIMITS) -> Any:

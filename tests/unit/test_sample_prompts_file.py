@@ -43,7 +43,7 @@ def _prompts_file(tmp_path: Path, case: str) -> Path:
 CASES = {
     "missing": "--prompts-file: prompts file not found: {path}",
     "directory": "--prompts-file: {path}: a directory, not a prompts file",
-    "latin1": "--prompts-file: {path}: not UTF-8 text (invalid continuation byte at byte 18, line 2)",
+    "latin1": "--prompts-file: {path}:2: not UTF-8 text (invalid continuation byte at byte 18)",
     "too_large": f"--prompts-file: {{path}}: larger than {MAX_PROMPTS_FILE_BYTES} bytes, the limit for a prompts file",
     "blank": "--prompts-file: {path}: empty (no non-blank line), a prompts file needs at least one",
     "empty": "--prompts-file: {path}: empty (no non-blank line), a prompts file needs at least one",

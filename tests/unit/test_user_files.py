@@ -29,7 +29,7 @@ def test_text_within_the_bound_is_read_and_one_byte_more_is_refused(tmp_path):
 def test_undecodable_bytes_are_named_by_offset_and_line(tmp_path):
     path = tmp_path / "f.txt"
     path.write_bytes(b"one\ntwo\nthr\xe9e\n")
-    with pytest.raises(UserFileError, match=r"f.txt: not UTF-8 text \(invalid continuation byte at byte 11, line 3\)"):
+    with pytest.raises(UserFileError, match=r"f.txt:3: not UTF-8 text \(invalid continuation byte at byte 11\)"):
         read_text_file(path, "thing", 1000)
 
 
