@@ -91,3 +91,22 @@ def test_a_saved_recipe_may_hold_more_than_a_written_one(tmp_path):
     with pytest.raises(UserFileError, match=f"the document holds more than {MAX_NODES} values"):
         read_yaml_file(path, "recipe file", RECIPE_LIMITS)
     assert len(read_yaml_file(path, "run recipe", SAVED_LIMITS)) == MAX_NODES // 100 + 1
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"[" * 100_000, "ds.json: not valid JSON: nested too deeply"),
+        (b'{"bf16": {}, "bf16": {}}', "ds.json: not valid JSON: duplicate key 'bf16'"),
+        (b'{"note": "caf\xe9"}', "ds.json:1: not UTF-8 text (invalid continuation byte at byte 13)"),
+    ],
+    ids=["deep", "duplicate", "latin1"],
+)
+def test_a_deepspeed_config_is_read_as_a_user_file(content, problem, tmp_path):
+    """``distributed.deepspeed_config`` names a user's JSON file: a problem of the section, never a traceback."""
+    from rlpost.engine.distributed_config import DistributedConfig
+
+    path = tmp_path / "ds.json"
+    path.write_bytes(content)
+    problems = DistributedConfig(deepspeed_config=str(path)).problems()
+    assert len(problems) == 1 and problems[0].startswith(f"deepspeed_config: {tmp_path}/{problem}")
