@@ -161,12 +161,15 @@ def cmd_train(args: Sequence[str]) -> int:
 def cmd_sample(argv: Sequence[str]) -> int:
     """Generate PNGs from a run's checkpoint with the deterministic ODE sampler."""
     from rlpost.apps.sample import sample_run
+    from rlpost.core.user_files import MAX_PROMPTS_FILE_BYTES, UserFileError, read_nonblank_lines
 
     parser = argparse.ArgumentParser(prog="rlpost sample", description=cmd_sample.__doc__)
     parser.add_argument("--run", required=True, help="the run directory")
     parser.add_argument("--checkpoint", default="latest", help="latest (default) or a checkpoint directory")
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
-    parser.add_argument("--prompts-file", help="a text file with one prompt per line")
+    parser.add_argument(
+        "--prompts-file", help=f"a UTF-8 text file with one prompt per line (at most {MAX_PROMPTS_FILE_BYTES} bytes)"
+    )
     parser.add_argument("--out", required=True, help="output directory for the PNGs")
     parser.add_argument("--num-steps", type=int, default=None, help="ODE steps (default: the recipe's eval NFE)")
     parser.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
@@ -174,8 +177,11 @@ def cmd_sample(argv: Sequence[str]) -> int:
     parser.add_argument("--device", default=None, help="default: the recipe's run.device")
     ns = parser.parse_args(argv)
     prompts = list(ns.prompt)
-    if ns.prompts_file:
-        prompts += [ln.strip() for ln in Path(ns.prompts_file).read_text().splitlines() if ln.strip()]
+    if ns.prompts_file:  # read before the run is opened: a bad file is refused without loading anything
+        try:
+            prompts += read_nonblank_lines(ns.prompts_file, "prompts file", MAX_PROMPTS_FILE_BYTES)
+        except UserFileError as exc:
+            raise UsageError(f"--prompts-file: {exc}") from None
     if not prompts:
         raise UsageError("give --prompt TEXT (repeatable) or --prompts-file FILE")
     paths = sample_run(

@@ -48,7 +48,8 @@ Outputs (in ``bench.output_dir``): ``bench.json`` (every run and the aggregates)
 the TreeGRPO paper's Table 1, held-out tables, ratios, reward levels, conclusions, cost model and phases),
 ``reward_vs_wallclock.png``, and each run's directory with its own ``bench_run.json``.
 
-Modules: :mod:`~rlpost.bench.spec` (the recipe), :mod:`~rlpost.bench.driver` (runners and schedule),
+Modules: :mod:`~rlpost.bench.spec` (the recipe; its ``paper`` section: :mod:`~rlpost.bench.paper`),
+:mod:`~rlpost.bench.driver` (runners and schedule),
 :mod:`~rlpost.bench.measure` (per-run records), :mod:`~rlpost.bench.costmodel` (calibration and predictions),
 :mod:`~rlpost.bench.aggregate` and :mod:`~rlpost.bench.compare` (over seeds, :mod:`~rlpost.bench.stats`),
 :mod:`~rlpost.bench.report`, :mod:`~rlpost.bench.tables` and :mod:`~rlpost.bench.plot` (outputs).
@@ -57,7 +58,6 @@ Modules: :mod:`~rlpost.bench.spec` (the recipe), :mod:`~rlpost.bench.driver` (ru
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,6 +70,7 @@ from rlpost.bench.measure import PHASES, AlgoState, IterRecord, machine_info, ru
 from rlpost.bench.plot import plot_wallclock
 from rlpost.bench.report import markdown, write_outputs
 from rlpost.bench.spec import PAPER_QUANTITIES, AlgoSpec, BenchSpec, load_bench
+from rlpost.core.user_files import UserFileError, read_json_file
 from rlpost.engine.rundir import json_safe
 
 __all__ = [
@@ -100,6 +101,9 @@ __all__ = [
     "write_outputs",
 ]
 
+MAX_RESULT_BYTES = 256 * 1024 * 1024
+"""The largest ``bench.json`` ``--report-only`` reads (a long bench over many seeds writes tens of MB)."""
+
 
 def main(argv: Sequence[str]) -> int:
     """``rlpost bench --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]``."""
@@ -112,7 +116,13 @@ def main(argv: Sequence[str]) -> int:
     ns, rest = parser.parse_known_args(list(argv))
     if ns.report_only:
         out = Path(ns.report_only)
-        result = upgrade_legacy(json.loads((out / "bench.json").read_text()))
+        try:
+            result = read_json_file(out / "bench.json", "bench result", MAX_RESULT_BYTES)
+        except UserFileError as exc:
+            parser.error(f"--report-only: {exc}")
+        if not isinstance(result, dict):
+            parser.error(f"--report-only: {out / 'bench.json'}: not a bench result (a JSON object) of rlpost bench")
+        result = upgrade_legacy(result)
         result["algorithms"] = json_safe(aggregate(result))
         result["comparisons"] = json_safe(comparisons(result))
         write_outputs(result, out)

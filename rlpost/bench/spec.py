@@ -1,25 +1,26 @@
 """The bench recipe: ``bench`` (what to run and how), ``algorithms`` (one overlay per algorithm) and ``paper`` (the
 published numbers printed next to ours, kept in the recipe rather than in code: ``recipes/bench/digits.yaml``).
 
-:func:`load_bench` reads and checks it, listing every problem with its field before anything is built.
+:func:`load_bench` reads it within the limits of a training recipe (:func:`rlpost.engine.recipe.sources.read_yaml`:
+size, encoding, nesting, aliases, entries, duplicate keys) and checks it, listing every problem with its field before
+anything is built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 import rlpost.bench.stats as stats
+from rlpost.bench.paper import PAPER_QUANTITIES, parse_paper
+from rlpost.core.yaml_limits import load_yaml, short_repr
 from rlpost.engine.recipe import RecipeError
+from rlpost.engine.recipe.sources import read_yaml
 
 __all__ = ["PAPER_QUANTITIES", "AlgoSpec", "BenchSpec", "as_names", "load_bench"]
-
-PAPER_QUANTITIES = ("s_per_iter", "time_to_reward")
-"""Published quantities a bench recipe's ``paper`` section may give per algorithm (printed next to ours)."""
 
 
 @dataclass
@@ -85,144 +86,85 @@ def as_names(value: Any) -> list[str]:
     return [str(value)] if isinstance(value, str) else [str(v) for v in value]
 
 
-def _parse_paper(raw: Any, names: list[str], problems: list[str]) -> dict[str, Any]:
-    """Normalise the ``paper`` section (published numbers) and list every problem with its field."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        problems.append("paper: expected a mapping {source, s_per_iter, time_to_reward, notes}")
-        return {}
-    known = {"source", "notes", *PAPER_QUANTITIES}
-    problems += [f"paper.{k}: unknown key (known: {', '.join(sorted(known))})" for k in raw if k not in known]
-    out: dict[str, Any] = {"source": str(raw.get("source", "")), "notes": {}}
-    for name, note in dict(raw.get("notes") or {}).items():
-        if name not in names:
-            problems.append(f"paper.notes.{name}: not one of the algorithms {names}")
-        out["notes"][str(name)] = str(note)
-    for qty in PAPER_QUANTITIES:
-        section = raw.get(qty)
-        if section is None:
-            continue
-        if not isinstance(section, dict) or not isinstance(section.get("values"), dict):
-            problems.append(f"paper.{qty}: expected {{source: ..., values: {{algorithm: number}}}}")
-            continue
-        parsed: dict[str, Any] = {"source": str(section.get("source", "")), "values": {}, "notes": {}}
-        for name, value in section["values"].items():
-            where = f"paper.{qty}.values.{name}"
-            if name not in names:
-                problems.append(f"{where}: not one of the algorithms {names}")
-                continue
-            note = None
-            if isinstance(value, dict):
-                note, value = value.get("note"), value.get("value")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                problems.append(f"{where}: expected a positive number (or {{value, note}}), got {value!r}")
-                continue
-            parsed["values"][str(name)] = float(value)
-            if note:
-                parsed["notes"][str(name)] = str(note)
-        out[qty] = parsed
-    return out
+KNOWN = (
+    "output_dir base seeds num_seeds schedule time_budget_s max_iterations eval_every reference fast metric bootstrap "
+    "calibration overrides"
+).split()
+"""The keys of the ``bench`` section."""
 
 
 def load_bench(path: str, overrides: Sequence[tuple[str, str]] = ()) -> BenchSpec:
     """Read a bench recipe; ``overrides`` are ``("bench.key", "yaml value")`` pairs (``--bench.max_iterations 3``).
 
     Raises:
-        RecipeError: Missing file, unknown keys or a bad value (every problem listed).
+        RecipeError: An unreadable file or one beyond the YAML limits, unknown keys or a bad value (every problem
+            listed).
     """
-    p = Path(path)
-    if not p.is_file():
-        raise RecipeError([f"bench recipe not found: {path}"])
-    data = yaml.safe_load(p.read_text()) or {}
-    problems: list[str] = []
-    if not isinstance(data, dict):
-        raise RecipeError([f"{path}: expected a mapping with bench, algorithms and (optionally) paper"])
-    problems += [
+    data = read_yaml(path, "bench recipe")
+    problems = [
         f"{k}: unknown top-level key (known: algorithms, bench, paper)"
         for k in data
         if k not in ("bench", "algorithms", "paper")
     ]
+    bench = _mapping(data.get("bench"), "bench", problems)
     for dotted, raw in overrides:
         parts = dotted.split(".")
         if parts[0] != "bench" or len(parts) != 2:
             problems.append(f"--{dotted}: bench overrides look like --bench.KEY VALUE")
             continue
-        data.setdefault("bench", {})[parts[1]] = yaml.safe_load(raw)
-    bench = dict(data.get("bench") or {})
-    algos = data.get("algorithms") or []
-    known = {
-        "output_dir",
-        "base",
-        "seeds",
-        "num_seeds",
-        "schedule",
-        "time_budget_s",
-        "max_iterations",
-        "eval_every",
-        "reference",
-        "fast",
-        "metric",
-        "bootstrap",
-        "calibration",
-        "overrides",
-    }
-    problems += [f"bench.{k}: unknown key (known: {', '.join(sorted(known))})" for k in bench if k not in known]
-    if not isinstance(algos, list) or not algos:
-        problems.append("algorithms: give a non-empty list of {name, recipes}")
-        algos = []
-    specs: list[AlgoSpec] = []
-    for i, a in enumerate(algos):
-        if not isinstance(a, dict) or "name" not in a:
-            problems.append(f"algorithms[{i}]: needs a name")
-            continue
-        extra = set(a) - {"name", "label", "preset", "recipes", "overrides"}
-        if extra:
-            problems.append(
-                f"algorithms[{i}]: unknown keys {sorted(extra)} (known: name, label, preset, recipes, overrides)"
-            )
-        specs.append(
-            AlgoSpec(
-                str(a["name"]),
-                str(a.get("label", a["name"])),
-                list(a.get("recipes", [])),
-                dict(a.get("overrides") or {}),
-                str(a.get("preset") or ""),
-            )
-        )
+        try:
+            bench[parts[1]] = load_yaml(raw, f"--{dotted}")
+        except yaml.YAMLError as exc:
+            problems.append(f"--{dotted}: not valid YAML: {exc}")
+    problems += [f"bench.{k}: unknown key (known: {', '.join(sorted(KNOWN))})" for k in bench if k not in KNOWN]
+    specs = _algorithms(data.get("algorithms"), problems)
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         problems.append(f"algorithms: names must be unique, got {names}")
-    schedule = str(bench.get("schedule", "least-time"))
+    schedule = _typed(bench, "schedule", "least-time", str, "a string", problems)
     if schedule not in ("least-time", "round-robin"):
-        problems.append(f"bench.schedule: 'least-time' or 'round-robin', got {schedule!r}")
-    seeds = _parse_seeds(bench, problems)
-    calib = dict(bench.get("calibration") or {})
-    boot = dict(bench.get("bootstrap") or {})
+        problems.append(f"bench.schedule: 'least-time' or 'round-robin', got {short_repr(schedule)}")
+    calib = _mapping(bench.get("calibration"), "bench.calibration", problems)
+    boot = _mapping(bench.get("bootstrap"), "bench.bootstrap", problems)
     problems += [
         f"bench.bootstrap.{k}: unknown key (known: confidence, resamples, seed)"
         for k in boot
         if k not in ("resamples", "confidence", "seed")
     ]
+    sizes = calib.get("batch_sizes", [1, 4, 16, 64])
+    if not isinstance(sizes, list) or not sizes or any(_not_int(b) or b < 1 for b in sizes):
+        problems.append(
+            f"bench.calibration.batch_sizes: a non-empty list of positive integers, got {short_repr(sizes)}"
+        )
+        sizes = [1]
+    budget = _typed(bench, "time_budget_s", None, (int, float), "a number of seconds or null", problems)
+    fast = bench.get("fast")
+    if not (fast is None or isinstance(fast, str) or _strings(fast)):
+        problems.append(f"bench.fast: a name or a list of names, got {short_repr(fast)}")
+        fast = None
     spec = BenchSpec(
-        output_dir=str(bench.get("output_dir", "runs/bench")),
-        base=list(bench.get("base", [])),
+        output_dir=_typed(bench, "output_dir", "runs/bench", str, "a directory", problems),
+        base=_paths(bench.get("base"), "bench.base", problems),
         algorithms=specs,
         schedule=schedule,
-        time_budget_s=None if bench.get("time_budget_s") is None else float(bench["time_budget_s"]),
-        max_iterations=int(bench.get("max_iterations", 10)),
-        eval_every=int(bench.get("eval_every", 0)),
-        reference=bench.get("reference"),
-        fast=bench.get("fast"),
-        calibration_repeats=int(calib.get("repeats", 5)),
-        calibration_batch_sizes=[int(b) for b in calib.get("batch_sizes", [1, 4, 16, 64])],
-        overrides=dict(bench.get("overrides") or {}),
-        seeds=seeds,
-        metric=None if bench.get("metric") is None else str(bench["metric"]),
-        bootstrap_resamples=int(boot.get("resamples", stats.DEFAULT_RESAMPLES)),
-        confidence=float(boot.get("confidence", stats.DEFAULT_CONFIDENCE)),
-        bootstrap_seed=int(boot.get("seed", 0)),
-        paper=_parse_paper(data.get("paper"), names, problems),
+        time_budget_s=None if budget is None else float(budget),
+        max_iterations=_typed(bench, "max_iterations", 10, int, "an integer", problems),
+        eval_every=_typed(bench, "eval_every", 0, int, "an integer", problems),
+        reference=_typed(bench, "reference", None, str, "an algorithm name", problems),
+        fast=fast,
+        calibration_repeats=_typed(calib, "repeats", 5, int, "an integer", problems, "bench.calibration"),
+        calibration_batch_sizes=[int(b) for b in sizes],
+        overrides=_mapping(bench.get("overrides"), "bench.overrides", problems),
+        seeds=_parse_seeds(bench, problems),
+        metric=_typed(bench, "metric", None, str, "a metric name", problems),
+        bootstrap_resamples=_typed(
+            boot, "resamples", stats.DEFAULT_RESAMPLES, int, "an integer", problems, "bench.bootstrap"
+        ),
+        confidence=float(
+            _typed(boot, "confidence", stats.DEFAULT_CONFIDENCE, (int, float), "a number", problems, "bench.bootstrap")
+        ),
+        bootstrap_seed=_typed(boot, "seed", 0, int, "an integer", problems, "bench.bootstrap"),
+        paper=parse_paper(data.get("paper"), names, problems),
     )
     if spec.max_iterations < 1:
         problems.append(f"bench.max_iterations: must be >= 1, got {spec.max_iterations}")
@@ -241,6 +183,82 @@ def load_bench(path: str, overrides: Sequence[tuple[str, str]] = ()) -> BenchSpe
     if problems:
         raise RecipeError(problems)
     return spec
+
+
+def _algorithms(algos: Any, problems: list[str]) -> list[AlgoSpec]:
+    """The ``algorithms`` list as :class:`AlgoSpec`, each problem named ``algorithms[i]...``."""
+    if not isinstance(algos, list) or not algos:
+        problems.append("algorithms: give a non-empty list of {name, recipes}")
+        return []
+    specs: list[AlgoSpec] = []
+    for i, a in enumerate(algos):
+        if not isinstance(a, dict) or not isinstance(a.get("name"), str):
+            problems.append(f"algorithms[{i}]: needs a name")
+            continue
+        extra = set(a) - {"name", "label", "preset", "recipes", "overrides"}
+        if extra:
+            problems.append(
+                f"algorithms[{i}]: unknown keys {sorted(extra)} (known: name, label, preset, recipes, overrides)"
+            )
+        specs.append(
+            AlgoSpec(
+                a["name"],
+                str(a.get("label", a["name"])),
+                _paths(a.get("recipes"), f"algorithms[{i}].recipes", problems),
+                _mapping(a.get("overrides"), f"algorithms[{i}].overrides", problems),
+                str(a.get("preset") or ""),
+            )
+        )
+    return specs
+
+
+def _typed(
+    section: dict[str, Any],
+    key: str,
+    default: Any,
+    types: type | tuple[type, ...],
+    what: str,
+    problems: list[str],
+    where: str = "bench",
+) -> Any:
+    """``section[key]`` (``default`` when absent, or null where the default is) if it is of ``types``, else
+    ``default`` and a problem naming the field."""
+    value = section.get(key, default)
+    if value is None and default is None:
+        return None
+    if isinstance(value, types) and not isinstance(value, bool):  # no field takes a bool; True is an int in Python
+        return value
+    problems.append(f"{where}.{key}: expected {what}, got {short_repr(value)}")
+    return default
+
+
+def _not_int(value: Any) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int)
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _mapping(value: Any, where: str, problems: list[str]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    problems.append(f"{where}: expected a mapping, got {short_repr(value)}")
+    return {}
+
+
+def _paths(value: Any, where: str, problems: list[str]) -> list[str]:
+    """One recipe path or a list of them."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if _strings(value):
+        return list(value)
+    problems.append(f"{where}: expected a recipe path or a list of them, got {short_repr(value)}")
+    return []
 
 
 def _parse_seeds(bench: dict[str, Any], problems: list[str]) -> list[int] | None:

@@ -347,14 +347,22 @@ def _file_columns(path: Path, builder: str) -> list[str] | None:
         if builder == "csv":
             header = next(csv.reader(fh), None)
             return list(header) if header is not None else []
-        first = fh.readline()
+        first = fh.readline(_ARRAY_PEEK)  # bounded: one line may be the whole file
         if first.lstrip().startswith("["):  # a JSON array: decode its first element from the file's head only
             fh.seek(0)
             return _first_array_columns(fh.read(_ARRAY_PEEK))
-    if not first.strip():
-        return None
-    record = json.loads(first)
+    if not first.strip() or (len(first) == _ARRAY_PEEK and not first.endswith("\n")):
+        return None  # blank, or a first record longer than what validation reads
+    record = _loads(first)
     return list(record) if isinstance(record, dict) else None
+
+
+def _loads(text: str) -> Any:
+    """``json.loads``, with the decoder's ``RecursionError`` on deep nesting as the ``ValueError`` callers report."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 _ARRAY_PEEK = 1 << 16
@@ -376,6 +384,8 @@ def _first_array_element(head: str) -> Any:
     body = head.lstrip()[1:].lstrip()
     try:
         first, _ = json.JSONDecoder().raw_decode(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     except json.JSONDecodeError:
         return None  # empty, or the first element is longer than the head read
     return first
@@ -395,7 +405,7 @@ def _prompt_file_columns(path: Path) -> list[str] | None:
     else:
         line = head.lstrip().split("\n", 1)[0]
         try:
-            first = json.loads(line) if line else None
+            first = _loads(line) if line else None
         except json.JSONDecodeError:
             return None  # PromptFile names the malformed line when loading
     return list(first) if isinstance(first, dict) else None

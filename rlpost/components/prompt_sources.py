@@ -12,8 +12,12 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 from rlpost.core.api import PromptSource, Range
+from rlpost.core.user_files import read_text_file
 
-__all__ = ["PromptFile", "PromptList"]
+__all__ = ["MAX_PROMPT_FILE_BYTES", "PromptFile", "PromptList"]
+
+MAX_PROMPT_FILE_BYTES = 256 * 1024 * 1024
+"""The largest prompt file read (HPD v2's training prompts, a 116 MB JSON list, fit)."""
 
 
 class PromptList(PromptSource):
@@ -83,15 +87,12 @@ class PromptFile(PromptSource):
         """Read the file (UTF-8).
 
         Raises:
-            ValueError: Naming the file (and line or record) of undecodable bytes, malformed JSON, a record without
-                the prompt field, or a file with no non-blank prompt.
+            ValueError: Naming the file (and line or record) of undecodable bytes, malformed or too deeply nested
+                JSON, a record without the prompt field, a file with no non-blank prompt, or a file that is missing,
+                not a regular file or over :data:`MAX_PROMPT_FILE_BYTES`.
         """
         p = Path(self.path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            lineno = p.read_bytes()[: e.start].count(b"\n") + 1
-            raise ValueError(f"{p}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        text = read_text_file(p, "prompt file", MAX_PROMPT_FILE_BYTES)  # a UserFileError is a ValueError
         rows: list[tuple[str, dict[str, Any]]] = []
         if p.suffix == ".txt":
             rows = [(line.strip(), {}) for line in text.splitlines() if line.strip()]
@@ -133,3 +134,5 @@ def _json(text: str, where: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:  # Python's decoder recurses per level: ``[[[[...`` would end in a traceback
+        raise ValueError(f"{where}: malformed JSON (nested too deeply)") from None

@@ -7,11 +7,12 @@ backend that uses the section is :mod:`rlpost.engine.distributed`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from rlpost.core.user_files import UserFileError, read_json_file
 
 __all__ = ["FORBIDDEN_DS_KEYS", "DistributedConfig", "env_world_size", "read_ds_config", "validate_distributed"]
 
@@ -76,14 +77,20 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+MAX_DS_CONFIG_BYTES = 1024 * 1024
+"""A DeepSpeed config is a few hundred bytes of JSON."""
+
+
 def read_ds_config(path: str) -> tuple[dict[str, Any] | None, str | None]:
-    p = Path(path)
-    if not p.is_file():
+    """The user's DeepSpeed JSON config, or ``(None, problem)``: read with
+    :func:`rlpost.core.user_files.read_json_file` (missing, not UTF-8, over :data:`MAX_DS_CONFIG_BYTES`, invalid or
+    too deeply nested JSON, a repeated key)."""
+    if not Path(path).is_file():
         return None, f"file not found: {path}"
     try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        return None, f"{path} is not valid JSON: {exc}"
+        data = read_json_file(path, "DeepSpeed config", MAX_DS_CONFIG_BYTES)
+    except UserFileError as exc:
+        return None, str(exc)
     if not isinstance(data, dict):
         return None, f"{path} must hold a JSON object"
     return data, None

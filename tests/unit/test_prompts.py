@@ -66,3 +66,26 @@ def test_stream_state_round_trip_crosses_epochs():
     t = PromptStream(items, seed=0)
     t.load_state_dict(state)
     assert t.next_batch(6, 1).prompts == expected
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_deeply_nested_json_prompts_are_a_problem_not_a_traceback(suffix, tmp_path):
+    """Python's JSON decoder recurses per level and raised ``RecursionError`` through validation."""
+    path = tmp_path / f"p{suffix}"
+    path.write_text("[" * 100_000 + "\n")
+    line = ":1" if suffix == ".jsonl" else ""  # JSON lines are named by line
+    problem = f"prompts.init_args.path: {path}{line}: malformed JSON (nested too deeply)"
+    assert PromptFile(str(path)).validate(None) == [problem]
+    hub = HFDatasetPrompts(str(path)).validate(None)
+    assert len(hub) == 1 and "nested too deeply" in hub[0] and str(path) in hub[0]
+
+
+def test_a_prompt_file_is_read_within_its_bound(tmp_path, monkeypatch):
+    import rlpost.components.prompt_sources as prompt_sources
+
+    path = tmp_path / "p.txt"
+    path.write_text("a cat\n" * 10)
+    monkeypatch.setattr(prompt_sources, "MAX_PROMPT_FILE_BYTES", 59)
+    assert PromptFile(str(path)).validate(None) == [
+        f"prompts.init_args.path: {path}: larger than 59 bytes, the limit for a prompt file"
+    ]

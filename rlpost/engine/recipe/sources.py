@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import copy
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rlpost.core.yaml_limits import MAX_BYTES as MAX_YAML_BYTES
+from rlpost.core.user_files import UserFileError, read_yaml_file
 from rlpost.core.yaml_limits import YamlLimitError, load_yaml
-from rlpost.engine.recipe.schema import MAX_PROBLEM_CHARS, RecipeError, clip_text
+from rlpost.engine.recipe.schema import RecipeError
 
 __all__ = ["check_value_limits", "deep_merge", "merge_sources", "read_yaml", "recipe_files", "string_beyond_limits"]
 
@@ -37,30 +36,25 @@ def deep_merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_yaml(path: str) -> dict[str, Any]:
-    """Read one recipe file with the limits of :mod:`rlpost.core.yaml_limits` (size, nesting, alias expansion)."""
-    p = Path(path)
-    if not p.is_file():
-        raise RecipeError([f"recipe file not found: {path}"])
+def read_yaml(path: str, what: str = "recipe file") -> dict[str, Any]:
+    """Read one recipe file (or a bench recipe: ``what``) with the limits of :mod:`rlpost.core.yaml_limits` (size,
+    nesting, aliases, entries, duplicate keys) and of :func:`rlpost.core.user_files.read_text_file` (a missing,
+    non-UTF-8 or irregular file); an empty file is an empty mapping.
+
+    Raises:
+        RecipeError: Naming the file and the problem.
+    """
     try:
-        if p.stat().st_size > MAX_YAML_BYTES:  # refuse before reading: the file may be huge
-            raise RecipeError([f"{path}: not valid YAML: larger than {MAX_YAML_BYTES} bytes, the limit for a recipe"])
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise RecipeError([f"{path}: not valid YAML: not UTF-8 text ({exc.reason} at byte {exc.start})"]) from None
-    except OSError as exc:
-        raise RecipeError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    try:
-        data = load_yaml(text, path)
-    except yaml.YAMLError as exc:
-        raise RecipeError([f"{path}: not valid YAML: {clip_text(str(exc), MAX_PROBLEM_CHARS)}"]) from None
+        data = read_yaml_file(path, what)
+    except UserFileError as exc:
+        raise RecipeError([str(exc)]) from None
     problem = string_beyond_limits(data)
     if problem is not None:
         raise RecipeError([f"{path}: {problem}"])
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise RecipeError([f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}"])
+        raise RecipeError([f"{path}: a {what.removesuffix(' file')} must be a YAML mapping, got {type(data).__name__}"])
     return data
 
 
