@@ -39,6 +39,7 @@ from rich.table import Table
 from rlpost.apps.host import get_host
 from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
+from rlpost.core.user_files import UserFileError
 from rlpost.engine.checkpoint import CheckpointError
 from rlpost.engine.guards import NonFiniteError
 from rlpost.engine.recipe import Recipe, RecipeError, build_parser, parse_recipe_args, validate
@@ -294,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecipeError as exc:
         print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
         return 2
-    except (UsageError, FileExistsError, CheckpointError) as exc:
+    except (UsageError, FileExistsError, CheckpointError, UserFileError) as exc:  # each names its file or option
         print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file the command reads or writes failed (disk full, permissions): its message names it

@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCard, ModelCardData, try_to_load_from_cache
 
+from rlpost.core.user_files import read_text_file
+from rlpost.core.yaml_limits import SAVED_LIMITS
 from rlpost.engine.checkpoint import CheckpointError, find_checkpoint, sha256_file, verify_checkpoint
 from rlpost.engine.evaluation import markdown_table, read_evals
 from rlpost.engine.rundir import RunDirectory
@@ -46,7 +48,7 @@ def _recipe_section(run_dir: Path) -> str:
         return "## Recipe\n\nThe run directory holds no `recipe.yaml`.\n"
     return (
         "## Recipe\n\nThe resolved recipe the run started with (`recipe.yaml` in its run directory; paths are the "
-        "training host's):\n\n" + _fenced(recipe.read_text(), "yaml")
+        "training host's):\n\n" + _fenced(read_text_file(recipe, "run recipe", SAVED_LIMITS.max_bytes), "yaml")
     )
 
 

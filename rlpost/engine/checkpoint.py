@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from rlpost.core.tensor_tree import join_tensors, split_tensors
+from rlpost.core.user_files import UserFileError, load_json
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -240,7 +241,7 @@ def list_checkpoints(run_dir: Path) -> list[CheckpointInfo]:
         if not d.is_dir() or d.name.startswith(".") or not (d / MANIFEST).is_file():
             continue
         try:
-            manifest = json.loads((d / MANIFEST).read_text())
+            manifest = load_json((d / MANIFEST).read_text(encoding="utf-8"), str(d / MANIFEST))
             found.append(CheckpointInfo(d, int(manifest["step"]), manifest))
         except (ValueError, KeyError, TypeError):
             continue  # a corrupt manifest is an incomplete checkpoint
@@ -286,7 +287,7 @@ def find_checkpoint(spec: str, run_dir: Path) -> CheckpointInfo:
         raise CheckpointError(f"checkpoint path not found: {path}")
     if (path / MANIFEST).is_file():
         try:
-            manifest = json.loads((path / MANIFEST).read_text())
+            manifest = load_json((path / MANIFEST).read_text(encoding="utf-8"), str(path / MANIFEST))
             return CheckpointInfo(path, int(manifest["step"]), manifest)
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{path / MANIFEST}: unreadable manifest ({exc})") from None
@@ -339,9 +340,11 @@ def read_checkpoint(info: CheckpointInfo) -> tuple[dict[str, Tensor], dict[str, 
     tensors = load_tensor_file(info.path / "state.safetensors")
     state_file = info.path / "state.json"
     try:
-        tree = json.loads(state_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        tree = load_json(state_file.read_text(encoding="utf-8"), str(state_file))
+    except UnicodeDecodeError as exc:
         raise CheckpointError(f"{state_file}: not valid JSON ({exc})") from None
+    except UserFileError as exc:  # names the file: not JSON, a repeated key, nested too deeply
+        raise CheckpointError(str(exc)) from None
     if not isinstance(tree, dict):
         raise CheckpointError(f"{state_file}: expected a JSON object, got {type(tree).__name__}")
     try:

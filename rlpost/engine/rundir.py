@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from rlpost.core.plugins import PluginInfo
-from rlpost.core.yaml_limits import load_yaml
+from rlpost.core.yaml_limits import SAVED_LIMITS, load_yaml
 from rlpost.engine.checkpoint import CHECKPOINT_DIR, MANIFEST, CheckpointError, list_checkpoints
 
 __all__ = ["RunDirectory", "json_safe"]
@@ -275,7 +275,7 @@ class RunDirectory:
 
     def stored_recipe(self) -> dict[str, Any]:
         """The resolved recipe written when the run started (read with the limits of
-        :func:`rlpost.core.yaml_limits.load_yaml`).
+        :func:`rlpost.core.yaml_limits.load_yaml`, ``SAVED_LIMITS``: the saved file lists every default).
 
         Raises:
             CheckpointError: The run directory does not exist, holds no ``recipe.yaml``, or it is not a YAML mapping;
@@ -291,7 +291,7 @@ class RunDirectory:
                 "starts)"
             )
         try:
-            data = load_yaml(recipe_file.read_text(encoding="utf-8"), str(recipe_file))
+            data = load_yaml(recipe_file.read_text(encoding="utf-8"), str(recipe_file), SAVED_LIMITS)
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise CheckpointError(f"{recipe_file}: not a readable YAML recipe ({' '.join(str(exc).split())})") from None
         if not isinstance(data, dict):
