@@ -69,7 +69,7 @@ if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/trans
     from rlpost.models._common import DiffusersTransformerPolicy, PromptCache
     from rlpost.models.adapter_settings import DTypeName, LoraSpec, resolve_dtype
     from rlpost.models.flux import FluxPolicy, flux_mu, flux_sigmas, pack_latents, unpack_latents
-    from rlpost.models.pipeline_dir import cached_snapshot, check_pipeline_dir
+    from rlpost.models.pipeline_dir import cached_snapshot, check_pipeline_dir, read_config
     from rlpost.models.sd3 import SD3Policy
     from rlpost.models.tiny import assemble_sd3_pipeline, ensure_tiny_model
     from rlpost.models.tiny_text import build_clip_tokenizer, build_text_encoders, sd3_tokenizers, t5_vocab
@@ -152,6 +152,7 @@ __all__ = [
     "time_shift",
     "timesteps_from_sigmas",
     "unpack_latents",
+    "read_config",
 ]
 
 # Exported names whose modules load on first access (PEP 562), so ``import rlpost`` stays cheap.
@@ -165,6 +166,7 @@ _LAZY = {
     "build_clip_tokenizer": "rlpost.models.tiny_text",
     "cached_snapshot": "rlpost.models.pipeline_dir",
     "check_pipeline_dir": "rlpost.models.pipeline_dir",
+    "read_config": "rlpost.models.pipeline_dir",
     "resolve_dtype": "rlpost.models.adapter_settings",
     "assemble_sd3_pipeline": "rlpost.models.tiny",
     "build_text_encoders": "rlpost.models.tiny_text",

@@ -17,7 +17,6 @@ check this on the tiny model.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -38,6 +37,7 @@ from rlpost import (
     flux_mu,
     flux_sigmas,
     pack_latents,
+    read_config,
     shifted_linspace_sigmas,
     timesteps_from_sigmas,
     unpack_latents,
@@ -54,19 +54,12 @@ def _vae_factor(directory: Path) -> int:
     """``QwenImagePipeline.vae_scale_factor`` (``2 ** len(vae.temperal_downsample)``) from ``vae/config.json``.
 
     Raises:
-        ValueError: The config is unreadable or has no ``temperal_downsample`` list (naming the file).
+        OSError: The config is missing, unreadable or not a JSON object (``rlpost.read_config`` names the file).
+        ValueError: It has no ``temperal_downsample`` list.
     """
-    file = directory / "vae" / "config.json"
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ValueError(f"cannot read {str(file)!r}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ValueError(f"{str(file)!r} is not valid JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{str(file)!r} is malformed: expected a JSON object")
-    flags = config.get("temperal_downsample")
+    flags = read_config(directory, "vae").get("temperal_downsample")
     if not isinstance(flags, list):
+        file = directory / "vae" / "config.json"
         raise ValueError(f"{str(file)!r} has no temperal_downsample list (the VAE factor is 2 ** its length)")
     return int(2 ** len(flags))
 
