@@ -138,6 +138,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ): "no-arithmetic",
     # a checkpoint file re-hashed so the integrity check passes (a digest is assigned, nothing compared)
     (
+        "tests/unit/test_hostile_cli.py",
+        'manifest["files"]["state.json"] = hashlib.sha256(text.encode()).hexdigest()  # the integrity check passes',
+    ): "no-arithmetic",
+    (
         "tests/unit/test_run_integrity.py",
         'manifest["files"][name] = hashlib.sha256(text.encode()).hexdigest()',
     ): "no-arithmetic",
