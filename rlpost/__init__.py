@@ -28,6 +28,11 @@ from rlpost.components.chain import (
     shared_or_independent_noise,
 )
 from rlpost.core.api import (
+    CHAINS,
+    CLEAN_SAMPLES,
+    EDGE_LOG_PROBS,
+    REFERENCE,
+    TREE,
     AdvantageEstimator,
     Advantages,
     Component,
@@ -42,8 +47,10 @@ from rlpost.core.api import (
     Sampler,
     StepCounts,
     TrainBackend,
+    TrainCounts,
     UpdateContext,
     UpdateResult,
+    WeightCopies,
 )
 from rlpost.core.context import RecipeView, RunContext, RunSettings, RunStatus
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
@@ -64,6 +71,15 @@ from rlpost.ops.schedules import (
     time_shift,
     timesteps_from_sigmas,
 )
+from rlpost.ops.training_noise import (
+    grid_permutations,
+    keyed_generator,
+    noise_for,
+    renoise,
+    sample_keys,
+    stratified_indices,
+    subset_without_replacement,
+)
 
 if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/transformers
     from rlpost.models._common import DiffusersTransformerPolicy, PromptCache
@@ -75,6 +91,11 @@ if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/trans
     from rlpost.models.tiny_text import build_clip_tokenizer, build_text_encoders, sd3_tokenizers, t5_vocab
 
 __all__ = [
+    "CHAINS",
+    "CLEAN_SAMPLES",
+    "EDGE_LOG_PROBS",
+    "REFERENCE",
+    "TREE",
     "AdvantageEstimator",
     "Advantages",
     "ChainPlan",
@@ -114,8 +135,10 @@ __all__ = [
     "TIME_GRIDS",
     "TimeGrid",
     "TrainBackend",
+    "TrainCounts",
     "UpdateContext",
     "UpdateResult",
+    "WeightCopies",
     "__version__",
     "assemble_sd3_pipeline",
     "broadcast_to_edges",
@@ -153,6 +176,13 @@ __all__ = [
     "timesteps_from_sigmas",
     "unpack_latents",
     "read_config",
+    "grid_permutations",
+    "keyed_generator",
+    "noise_for",
+    "renoise",
+    "sample_keys",
+    "stratified_indices",
+    "subset_without_replacement",
 ]
 
 # Exported names whose modules load on first access (PEP 562), so ``import rlpost`` stays cheap.

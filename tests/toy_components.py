@@ -82,7 +82,7 @@ class ToyChainSampler(Sampler):
     """
 
     name: ClassVar[str] = "toy-chain"
-    provides: ClassVar[frozenset[str]] = frozenset({"chain"})
+    provides: ClassVar[frozenset[str]] = frozenset({"chain", "clean-samples", "edge-log-probs"})
 
     def __init__(self, num_steps: int = 3) -> None:
         self.num_steps = num_steps

@@ -30,6 +30,9 @@ import torch
 from torch import Tensor
 
 from rlpost import (
+    CHAINS,
+    CLEAN_SAMPLES,
+    EDGE_LOG_PROBS,
     ChainPlan,
     EdgeEval,
     LogProbReduction,
@@ -72,7 +75,7 @@ class DanceGRPOSampler(Sampler):
     """
 
     name: ClassVar[str] = "dance"
-    provides: ClassVar[frozenset[str]] = frozenset({"chains"})
+    provides: ClassVar[frozenset[str]] = frozenset({CHAINS, CLEAN_SAMPLES, EDGE_LOG_PROBS})
 
     def __init__(
         self,

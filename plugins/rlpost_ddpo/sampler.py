@@ -29,6 +29,9 @@ import torch
 from torch import Tensor
 
 from rlpost import (
+    CHAINS,
+    CLEAN_SAMPLES,
+    EDGE_LOG_PROBS,
     ChainPlan,
     EdgeEval,
     LogProbReduction,
@@ -68,7 +71,7 @@ class DDPOSampler(Sampler):
     """
 
     name: ClassVar[str] = "ddpo"
-    provides: ClassVar[frozenset[str]] = frozenset({"chains"})
+    provides: ClassVar[frozenset[str]] = frozenset({CHAINS, CLEAN_SAMPLES, EDGE_LOG_PROBS})
 
     def __init__(
         self,

@@ -23,7 +23,10 @@ import torch
 from torch import Tensor
 
 from rlpost import (
+    CHAINS,
+    CLEAN_SAMPLES,
     DPM_SOLVER,
+    EDGE_LOG_PROBS,
     ChainPlan,
     EdgeEval,
     LogProbReduction,
@@ -86,7 +89,7 @@ class MixGRPOSampler(Sampler):
     """
 
     name: ClassVar[str] = "mix"
-    provides: ClassVar[frozenset[str]] = frozenset({"chains"})
+    provides: ClassVar[frozenset[str]] = frozenset({CHAINS, CLEAN_SAMPLES, EDGE_LOG_PROBS})
 
     def __init__(
         self,

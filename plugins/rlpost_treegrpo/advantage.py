@@ -31,7 +31,7 @@ from typing import Annotated, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost import AdvantageEstimator, Advantages, Range, RewardScores, Rollout, constant_groups, mix_rewards
+from rlpost import TREE, AdvantageEstimator, Advantages, Range, RewardScores, Rollout, constant_groups, mix_rewards
 
 __all__ = [
     "LeafZScoreAdvantage",
@@ -222,7 +222,7 @@ class TreeBackupAdvantage(AdvantageEstimator):
     """
 
     name: ClassVar[str] = "tree-backup"
-    requires: ClassVar[frozenset[str]] = frozenset({"tree"})
+    requires: ClassVar[frozenset[str]] = frozenset({TREE})
 
     def __init__(
         self,

@@ -33,6 +33,9 @@ import torch
 from torch import Tensor
 
 from rlpost import (
+    CLEAN_SAMPLES,
+    EDGE_LOG_PROBS,
+    TREE,
     EdgeEval,
     LogProbReduction,
     Policy,
@@ -112,7 +115,7 @@ class TreeSampler(Sampler):
     """
 
     name: ClassVar[str] = "tree"
-    provides: ClassVar[frozenset[str]] = frozenset({"tree"})
+    provides: ClassVar[frozenset[str]] = frozenset({TREE, CLEAN_SAMPLES, EDGE_LOG_PROBS})
 
     def __init__(
         self,

@@ -110,10 +110,14 @@ def nominal_batches(recipe: Recipe, counts: StepCounts) -> tuple[float, float]:
     """Rows per transformer call in the rollout and in the update, from the recipe alone.
 
     Rollout: tails/chains run the full frontier (``images``) at once, capped by the sampler's ``chunk_size``.
-    Update: parents per minibatch = ``minibatch_edges`` / (edges per parent), capped by the step's parents.
+    Update: the rule's ``TrainCounts.rows_per_call`` when it sets one, else parents per minibatch =
+    ``minibatch_edges`` / (edges per parent), capped by the step's parents.
     """
     chunk = float(recipe.sampler.chunk_size or counts.images)
     rollout_b = min(chunk, float(counts.images))
+    rule = recipe.optimizer.train_counts(counts)
+    if rule.rows_per_call > 0:  # a rule that batches its own rows (a likelihood-free rule's samples x timesteps)
+        return rollout_b, float(min(rule.rows_per_call, max(1, rule.grad_rows)))
     edges_per_parent = counts.trainable_edges / max(1, counts.train_forwards)
     mb_edges = float(recipe.optimizer.minibatch_edges or counts.trainable_edges)
     train_b = min(float(counts.train_forwards), max(1.0, mb_edges / edges_per_parent))
@@ -130,14 +134,14 @@ def predicted_counts(recipe: Recipe) -> dict[str, float]:
     run = recipe.run
     c = step_counts(recipe)
     expected = recipe.sampler.expected_rollout_forwards(run.groups_per_step, run.samples_per_group)
-    train = c.train_forwards * recipe.optimizer.inner_epochs
+    rule = recipe.optimizer.train_counts(c)  # the update rule owns its cost (PolicyOptimizer.train_counts)
     return {
         "images": float(c.images),
         "trainable_edges": float(c.trainable_edges),
         "rollout_forwards": float(c.rollout_forwards),
         "rollout_forwards_expected": float(expected),
-        "train_forwards": float(train),
-        "reference_forwards": float(train * recipe.optimizer.reference_forwards_per_train_forward()),
+        "train_forwards": float(rule.grad_rows),
+        "reference_forwards": float(rule.nograd_total),
     }
 
 

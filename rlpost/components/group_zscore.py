@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rlpost.components.chain import broadcast_to_edges
-from rlpost.core.api import AdvantageEstimator, Advantages, Range
+from rlpost.core.api import CHAINS, AdvantageEstimator, Advantages, Range
 from rlpost.core.contract import RewardScores, Rollout
 from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 
@@ -45,7 +45,7 @@ class GroupZScoreAdvantage(AdvantageEstimator):
     """
 
     name: ClassVar[str] = "group-zscore"
-    requires: ClassVar[frozenset[str]] = frozenset({"chains"})
+    requires: ClassVar[frozenset[str]] = frozenset({CHAINS})
 
     def __init__(
         self, eps: Annotated[float, Range(gt=0)] = 1e-8, global_std: bool = False, mix: MixMode = "advantage"

@@ -41,6 +41,7 @@ from rlpost.engine.ema import EMA
 from rlpost.engine.guards import Guards
 from rlpost.engine.recipe import Recipe, state_breaking_changes
 from rlpost.engine.rundir import RunDirectory
+from rlpost.engine.weight_copies import EngineCopies
 from rlpost.engine.weights import write_diffusers_artifacts
 
 __all__ = [
@@ -71,6 +72,7 @@ class RunState:
         backend: Weights, torch optimizer, LR scheduler and step counters.
         guards: The non-finite guards (their skipped-step counter).
         ema: The EMA shadow, or ``None``.
+        copies: The named weight copies (saved in the run state, restored exactly).
         rundir: The run directory (checkpoints, stored recipe, resume record).
         barrier: Waits for every rank (a no-op in one process).
     """
@@ -85,6 +87,7 @@ class RunState:
     backend: EngineBackend
     guards: Guards
     ema: EMA | None
+    copies: EngineCopies
     rundir: RunDirectory
     barrier: Callable[[], None]
 
@@ -124,6 +127,7 @@ def gather_state(run: RunState) -> dict[str, Any]:
             "rewards": {reward.name: reward.state_dict() for reward in r.rewards},
         },
         "plugins": plugins,
+        "copies": run.copies.state_dict(),  # collective under ZeRO (gathers each copy's shards)
     }
 
 
@@ -215,6 +219,8 @@ def restore_state(run: RunState, state: dict[str, Any], source: str = "the run s
     for reward in r.rewards:
         with _restoring(source, f"components.rewards.{reward.name}"):
             reward.load_state_dict(comps["rewards"].get(reward.name, {}))
+    with _restoring(source, "copies"):  # a state from before weight copies existed holds none
+        run.copies.load_state_dict(state.get("copies") or {})
     run.host.load_state(run.ctx, state["plugins"])
 
 

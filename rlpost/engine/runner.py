@@ -10,8 +10,6 @@ optional EMA (:mod:`rlpost.engine.ema`) and metric sinks (:mod:`rlpost.engine.lo
 from __future__ import annotations
 
 import random
-import resource
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ import torch
 
 from rlpost.components.prompt_selection import SpreadFilter
 from rlpost.components.prompts import PromptStream
-from rlpost.core.api import Advantages, UpdateContext, update_result_problems
+from rlpost.core.api import LIVE, Advantages, UpdateContext, update_result_problems
 from rlpost.core.context import RunContext, RunStatus
 from rlpost.core.contract import RewardScores, Rollout
 from rlpost.core.plugin_errors import PluginRuntimeError
@@ -36,7 +34,7 @@ from rlpost.engine.guards import Guards
 from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.overlap import sample_and_score
 from rlpost.engine.persistence import RunState
-from rlpost.engine.phases import STEP_PHASES, PhaseTimer
+from rlpost.engine.phases import PhaseTimer
 from rlpost.engine.ratio_guard import RatioCheck, check_speedups
 from rlpost.engine.recipe import Recipe, RecipeError
 from rlpost.engine.rundir import RunDirectory
@@ -49,8 +47,9 @@ from rlpost.engine.sharding import (
     UpdateTotals,
     stream_generator,
 )
+from rlpost.engine.step_metrics import save_step_grid, step_metrics
+from rlpost.engine.weight_copies import EngineCopies
 from rlpost.models.acceleration import apply_acceleration
-from rlpost.ops.images import save_grid
 
 __all__ = ["Runner"]
 
@@ -84,6 +83,8 @@ class Runner:
         self.shard: LocalSharding | GroupSharding = LocalSharding(self.seed, self.rollout_gen, self.minibatch_gen)
         self.guards = Guards(recipe.guards)
         self.ema: EMA | None = None
+        self.copies: EngineCopies | None = None
+        """The named weight copies (recipe section ``copies``, :mod:`rlpost.engine.weight_copies`), built by setup."""
         self.evaluator: Evaluator | None = None
         self.logger: MetricsLogger | None = None
         self.last_saved_step = -1
@@ -152,6 +153,7 @@ class Runner:
         self.stream = stream = PromptStream(r.prompts.load(), seed=self.seed, selector=selector)
         if r.ema is not None:  # under ZeRO the EMA keeps only this rank's share of the weights
             self.ema = EMA(params, r.ema, self.backend.weight_shards())
+        self.copies = EngineCopies(r.model, params, r.copies or {}, self.backend.weight_shards())
         if r.eval is not None:
             self.evaluator = Evaluator(r.eval, r.model, self.rundir.path, r.reward_frames.reduction)
             self.evaluator.setup(self.device, self.host, already_set_up=r.rewards)
@@ -170,6 +172,7 @@ class Runner:
             backend=self.backend,
             guards=self.guards,
             ema=self.ema,
+            copies=self.copies,
             rundir=self.rundir,
             barrier=self.shard.barrier,
         )
@@ -216,14 +219,19 @@ class Runner:
             self.host.after_advantages(self.ctx, rollout, advantages)
             adv_metrics, gen = advantages.metrics, shard.minibatch_generator(self.ctx.step)
             with timed("update"):
-                ctx = UpdateContext(r.model, r.sampler, rollout, advantages, self.backend, gen, self.ctx.step)
+                ctx = UpdateContext(
+                    r.model, r.sampler, rollout, advantages, self.backend, gen, self.ctx.step, self.copies, self.seed
+                )
                 update = shard.reduce(self._update(ctx))
             self._guard_update(update)
         self.last_update = update
-        metrics = self._metrics(view.rollout, view.scores, adv_metrics, update) | self.guards.metrics()
+        metrics = step_metrics(view.rollout, view.scores, adv_metrics, update, self.phases, self.ratio_check)
+        metrics |= self.guards.metrics()
         metrics |= self.stream.metrics()
         lr_schedule.end_step(self.backend.scheduler, metrics["perf/step_sec"], shard.max_over_ranks)
         self.ctx.step += 1
+        assert self.copies is not None
+        metrics |= self.copies.update(self.ctx.step)
         self.ctx.history.append(metrics)
         if self.ema is not None:
             self.ema.update(self.ctx.step)
@@ -240,11 +248,12 @@ class Runner:
         ``run.accelerate.overlap_groups`` sampled in parts, each scored while the next samples
         (:mod:`rlpost.engine.overlap`), both in phase ``rollout``."""
         r, shard, timed, step = self.recipe, self.shard, self.phases.timed, self.ctx.step
-        assert self.stream is not None
+        assert self.stream is not None and self.copies is not None
         parts = r.run.accelerate.overlap_groups
+        weights = r.optimizer.rollout_copy(step) or LIVE  # e.g. DiffusionNFT samples with its "old" copy
         with timed("rollout"):
             batch = shard.next_batch(self.stream, r.run.groups_per_step, r.run.samples_per_group)
-            with torch.no_grad():
+            with torch.no_grad(), self.copies.use(weights):
                 if parts:
                     rollout, scores = sample_and_score(
                         shard.rollout_parts(r.sampler, r.model, batch, step, parts), self.score
@@ -272,12 +281,14 @@ class Runner:
             rollout.trainable = keep
 
     def _guard_advantages(self, advantages: Advantages) -> Advantages:
-        """Non-finite advantages become 0 (their edges contribute no gradient)."""
-        finite = self.guards.finite_mask("advantage", advantages.edges, f"advantage {self.recipe.advantage.name!r}")
-        if bool(finite.all()):
+        """Non-finite advantages, per edge or per sample, become 0 (they contribute no gradient) and are counted."""
+        where = f"advantage {self.recipe.advantage.name!r}"
+        edges_ok = self.guards.finite_mask("advantage", advantages.edges, where)
+        samples_ok = self.guards.finite_mask("advantage", advantages.samples, f"{where} (per sample)")
+        if bool(edges_ok.all()) and bool(samples_ok.all()):
             return advantages
-        edges = torch.where(finite, advantages.edges, torch.zeros_like(advantages.edges))
-        samples = torch.nan_to_num(advantages.samples, nan=0.0, posinf=0.0, neginf=0.0)
+        edges = torch.where(edges_ok, advantages.edges, torch.zeros_like(advantages.edges))
+        samples = torch.where(samples_ok, advantages.samples, torch.zeros_like(advantages.samples))
         return Advantages(edges=edges, samples=samples, metrics=advantages.metrics)
 
     def _update(self, ctx: UpdateContext) -> UpdateTotals:
@@ -314,35 +325,8 @@ class Runner:
 
     def _maybe_grid(self, rollout: Rollout, scores: RewardScores) -> None:
         every = self.recipe.logging.grid_every
-        if not self.ctx.is_main_process or every <= 0 or self.ctx.step % every:
-            return
-        total = scores.weighted_sum()
-        captions = [f"{p} | r={float(v):.3g}" for p, v in zip(rollout.sample_prompts, total, strict=True)]
-        grid = save_grid(rollout.media, captions, self.rundir.path / "grids" / f"step_{self.ctx.step:06d}.png")
-        if self.logger is not None:
-            self.logger.log_image(self.ctx.step, "samples/grid", grid)
-
-    def _metrics(
-        self, rollout: Rollout, scores: RewardScores, adv: dict[str, float], update: UpdateTotals | None
-    ) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        for name, values in scores.scores.items():
-            metrics[f"reward/{name}"] = float(values.mean())
-        metrics["reward/weighted"] = float(scores.weighted_sum().mean())
-        metrics.update({k if "/" in k else f"adv/{k}": v for k, v in adv.items()})
-        metrics.update(update.metrics() if update is not None else {})
-        metrics.update(rollout.stats)
-        metrics["perf/images"] = float(rollout.num_samples)
-        for phase in STEP_PHASES:  # a skipped phase (no update after a guard trip) took no time
-            metrics[f"perf/{phase}_sec"] = self.phases.current.get(phase, 0.0)
-        metrics["perf/step_sec"] = self.phases.step_elapsed()
-        metrics.update(self.ratio_check.metrics() if self.ratio_check is not None else {})
-        if torch.cuda.is_available():
-            metrics["perf/peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
-        # ru_maxrss is KiB on Linux, bytes on macOS.
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        metrics["perf/peak_rss_gb"] = rss / (2**30 if sys.platform == "darwin" else 2**20)
-        return metrics
+        if self.ctx.is_main_process and every > 0 and self.ctx.step % every == 0:
+            save_step_grid(self.rundir.path, self.ctx.step, rollout, scores, self.logger)
 
     # ------------------------------------------------------------------------------------------ state & disk
 

@@ -116,7 +116,7 @@ def test_all_problems_are_reported_at_once(tmp_path):
     text = str(err.value)
     assert "reward_weights.toy-brightness: negative weight" in text
     assert "run.groups_per_step: must be >= 1" in text
-    assert "'toy-tree-only' requires ['tree']" in text
+    assert "'toy-tree-only' requires the capability 'tree'" in text
 
 
 def test_print_config_shows_the_resolved_recipe(capsys):

@@ -7,8 +7,9 @@ These are small abstract base classes rather than ``typing.Protocol`` because js
 capability sets used by ``rlpost validate``.
 
 Every component names itself with a kebab-case ``name`` (used in recipes, logs and manifests). Samplers declare
-``provides`` (e.g. ``{"tree"}``), estimators declare ``requires``; a recipe pairing an estimator with a sampler that
-does not provide what it requires is rejected before any model loads.
+``provides`` (e.g. ``{"edge-log-probs", "tree"}``), estimators and update rules declare ``requires``
+(:mod:`rlpost.core.api.capabilities`); a recipe pairing either with a sampler that does not provide what it requires is
+rejected before any model loads.
 """
 
 from __future__ import annotations
@@ -17,14 +18,29 @@ from collections.abc import Iterator
 
 from rlpost.core.api.advantage import AdvantageEstimator, Advantages
 from rlpost.core.api.arguments import InvalidArguments, Range
+from rlpost.core.api.capabilities import CHAINS, CLEAN_SAMPLES, EDGE_LOG_PROBS, TREE, missing_capabilities
 from rlpost.core.api.component import Component
+from rlpost.core.api.copies import LIVE, REFERENCE, WeightCopies
 from rlpost.core.api.policy import Conditioning, Policy
 from rlpost.core.api.prompts import PromptSource
 from rlpost.core.api.reward import MediaScope, RewardSource
 from rlpost.core.api.sampler import EdgeEval, Sampler, StepCounts
-from rlpost.core.api.update import PolicyOptimizer, TrainBackend, UpdateContext, UpdateResult, update_result_problems
+from rlpost.core.api.update import (
+    PolicyOptimizer,
+    TrainBackend,
+    TrainCounts,
+    UpdateContext,
+    UpdateResult,
+    update_result_problems,
+)
 
 __all__ = [
+    "CHAINS",
+    "CLEAN_SAMPLES",
+    "EDGE_LOG_PROBS",
+    "LIVE",
+    "REFERENCE",
+    "TREE",
     "AdvantageEstimator",
     "Advantages",
     "Component",
@@ -40,8 +56,11 @@ __all__ = [
     "Sampler",
     "StepCounts",
     "TrainBackend",
+    "TrainCounts",
     "UpdateContext",
     "UpdateResult",
+    "WeightCopies",
+    "missing_capabilities",
     "update_result_problems",
 ]
 

@@ -1,4 +1,4 @@
-"""The advantage-estimator contract: reward scores to one advantage per edge.
+"""The advantage-estimator contract: reward scores to one advantage per decoded sample and one per edge.
 
 Part of :mod:`rlpost.core.api` (the package re-exports every name)."""
 
@@ -20,9 +20,15 @@ __all__ = ["AdvantageEstimator", "Advantages"]
 class Advantages:
     """Output of an advantage estimator.
 
+    Both tensors are first-class: policy-gradient rules read :attr:`edges`, likelihood-free rules (which train on
+    the clean samples, :mod:`rlpost.core.api.capabilities`) read :attr:`samples`. The runner guards both alike: a
+    non-finite entry of either becomes 0 and is counted by the ``advantage`` guard.
+
     Attributes:
-        edges: ``[E]`` advantage per edge of the rollout (zero on non-trainable edges).
-        samples: ``[S]`` advantage of each decoded sample (leaf), for logging.
+        edges: ``[E]`` advantage per edge of the rollout (zero on non-trainable edges; empty for a rollout without
+            edges).
+        samples: ``[S]`` advantage of each decoded sample (a chain's end, a tree's leaf), aligned with
+            ``Rollout.sample_node``.
         metrics: Scalars to log under ``adv/``.
     """
 
@@ -32,12 +38,13 @@ class Advantages:
 
 
 class AdvantageEstimator(Component):
-    """Turns per-source reward scores into one advantage per edge. Pure and rank agnostic: it sees the
-    gathered rollout metadata of whole groups."""
+    """Turns per-source reward scores into one advantage per decoded sample and per edge. Pure and rank agnostic: it
+    sees the gathered rollout metadata of whole groups."""
 
     kind: ClassVar[str] = "advantage"
     requires: ClassVar[frozenset[str]] = frozenset()
+    """Capabilities the sampler must provide (:mod:`rlpost.core.api.capabilities`); default: none."""
 
     @abstractmethod
     def estimate(self, rollout: Rollout, scores: RewardScores) -> Advantages:
-        """Compute advantages for every edge of ``rollout``."""
+        """Compute the advantage of every sample and every edge of ``rollout``."""

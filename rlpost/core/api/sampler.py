@@ -1,4 +1,5 @@
-"""The sampler contract: rollouts that record per-step log-probs, and their recomputation for training.
+"""The sampler contract: rollouts (clean samples, and for stochastic samplers per-edge log-probs) and the
+recomputation of edge log-probs for policy-gradient training (the ``edge-log-probs`` capability).
 
 Part of :mod:`rlpost.core.api` (the package re-exports every name)."""
 
@@ -12,6 +13,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from rlpost.core.api.capabilities import CLEAN_SAMPLES, EDGE_LOG_PROBS
 from rlpost.core.api.component import Component
 from rlpost.core.api.policy import Policy
 from rlpost.core.contract import PromptBatch, Rollout
@@ -54,10 +56,13 @@ class StepCounts:
 
 
 class Sampler(Component):
-    """Produces a :class:`~rlpost.core.contract.Rollout` and recomputes its edges' log-probs for training.
+    """Produces a :class:`~rlpost.core.contract.Rollout`; a stochastic sampler also recomputes its edges' log-probs
+    for training.
 
-    Owning both ``rollout`` and ``evaluate`` means the kernel used to sample and the kernel used for the
-    importance ratio cannot drift apart (DanceGRPO issue #87).
+    What a sampler's rollouts offer is declared in :attr:`provides` (:mod:`rlpost.core.api.capabilities`): every
+    sampler provides ``clean-samples`` (the default); one that records stochastic edges and implements
+    :meth:`evaluate` adds ``edge-log-probs``. Owning both ``rollout`` and ``evaluate`` means the kernel used to sample
+    and the kernel used for the importance ratio cannot drift apart (DanceGRPO issue #87).
 
     A training step calls :meth:`begin_step` exactly once, then :meth:`rollout` with the whole batch (one process)
     or :meth:`rollout_groups` with the rank's groups and one generator per group (``distributed``, see
@@ -67,7 +72,10 @@ class Sampler(Component):
     """
 
     kind: ClassVar[str] = "sampler"
-    provides: ClassVar[frozenset[str]] = frozenset()
+    provides: ClassVar[frozenset[str]] = frozenset({CLEAN_SAMPLES})
+    """Capabilities of this sampler's rollouts (:mod:`rlpost.core.api.capabilities`); ``rlpost validate`` checks the
+    advantage estimator's and the update rule's ``requires`` against it. A sampler that implements :meth:`evaluate`
+    declares ``edge-log-probs``."""
 
     chunk_size: int = 0
     """Most rows per denoiser forward (and VAE decode) in :meth:`rollout`, a memory budget; 0: the whole frontier
@@ -117,12 +125,20 @@ class Sampler(Component):
             parts.append(self.rollout(policy, one, generator))
         return merge_rollouts(parts)
 
-    @abstractmethod
     def evaluate(self, policy: Policy, rollout: Rollout, edges: Tensor) -> EdgeEval:
-        """Recompute the Gaussian and log-prob of ``edges`` under the current policy, with gradients.
+        """Recompute the Gaussian and log-prob of ``edges`` under the current policy, with gradients: the
+        ``edge-log-probs`` capability. Only policy-gradient update rules call it, and only when the sampler declares
+        the capability (``rlpost validate`` refuses any other pairing).
 
         Implementations evaluate the policy once per unique parent node (:meth:`Rollout.parents_of`).
+
+        Raises:
+            NotImplementedError: The sampler does not provide ``edge-log-probs`` (the default).
         """
+        raise NotImplementedError(
+            f"sampler {self.name or type(self).__name__!r} does not provide {EDGE_LOG_PROBS!r}: its rollouts have no "
+            "edge log-probs to recompute"
+        )
 
     @abstractmethod
     def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:

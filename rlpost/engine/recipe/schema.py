@@ -19,6 +19,7 @@ A recipe has these top-level keys (one :class:`Section` each)::
     logging:         {tensorboard, wandb, wandb_project, grid_every}  (rlpost.engine.logging_.LoggingConfig)
     guards:          {on_nonfinite: stop|skip, max_skipped_steps}     (rlpost.engine.guards.GuardConfig)
     ema:             {decay, update_every}                            (rlpost.engine.ema.EMAConfig; optional)
+    copies:          {name: {rate, cap, delay, update_every, offload}} (rlpost.engine.weight_copies; optional)
     distributed:     {backend, zero_stage, deepspeed_config, bf16}    (rlpost.engine.distributed; optional, ZeRO)
 """
 
@@ -41,6 +42,7 @@ from rlpost.core.api import (
     RewardSource,
     Sampler,
     StepCounts,
+    TrainCounts,
 )
 from rlpost.engine.checkpoint import CheckpointConfig
 from rlpost.engine.distributed import DistributedConfig
@@ -48,6 +50,7 @@ from rlpost.engine.ema import EMAConfig
 from rlpost.engine.evaluation.config import EvalSettings, EvalSpec
 from rlpost.engine.guards import GuardConfig
 from rlpost.engine.logging_ import LoggingConfig
+from rlpost.engine.weight_copies import CopyConfig
 from rlpost.models.acceleration import AccelerateConfig
 from rlpost.ops.media import FrameScoring
 
@@ -159,7 +162,9 @@ def device_problem(spec: str) -> str | None:
     return None
 
 
-SectionKind = Literal["config", "component", "component-list", "component-mapping", "factory", "mapping", "eval"]
+SectionKind = Literal[
+    "config", "config-mapping", "component", "component-list", "component-mapping", "factory", "mapping", "eval"
+]
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,7 @@ class Section:
     Attributes:
         name: The key (``sampler``), or the sub-key within ``eval`` (:data:`EVAL_SECTIONS`).
         kind: ``config`` (a dataclass with a ``problems()`` method; absent = its defaults unless ``optional``),
+            ``config-mapping`` (name -> such a dataclass: the weight ``copies``),
             ``component`` / ``component-list`` / ``component-mapping`` (one / a list / a name->item mapping of
             ``type`` chosen by registered name from the ``registry`` kind), ``factory`` (a callable built by
             jsonargparse from a class path: the torch optimizer and scheduler), ``mapping`` (plain data of ``type``)
@@ -196,7 +202,7 @@ class Section:
         """The type jsonargparse checks the section's value against (a list or mapping of components, or ``type``)."""
         if self.kind == "component-list":
             return types.GenericAlias(list, (self.type,))
-        if self.kind == "component-mapping":
+        if self.kind in ("component-mapping", "config-mapping"):
             return types.GenericAlias(dict, (str, self.type))
         return self.type
 
@@ -222,6 +228,14 @@ SECTIONS: tuple[Section, ...] = (
     Section("logging", "config", LoggingConfig, help="trackers and sample grids"),
     Section("guards", "config", GuardConfig, help="non-finite policy"),
     Section("ema", "config", EMAConfig, optional=True, help="EMA of the trainable weights"),
+    Section(
+        "copies",
+        "config-mapping",
+        CopyConfig,
+        optional=True,
+        state="whole",
+        help="named weight copies (name -> {rate, cap, delay, update_every, offload}) an update rule evaluates",
+    ),
     Section("distributed", "config", DistributedConfig, optional=True, help="DeepSpeed ZeRO settings"),
     Section(
         "eval",
@@ -294,6 +308,7 @@ class Recipe:
         guards: Non-finite policy.
         eval: Held-out evaluation, or ``None``.
         ema: EMA of the trainable weights, or ``None``.
+        copies: Named weight copies (name -> schedule, :mod:`rlpost.engine.weight_copies`), or ``None``.
         distributed: DeepSpeed ZeRO across ranks, or ``None`` (one process, plain torch backend).
         reward_frames: How an image reward's per-frame scores become one per video sample (:mod:`rlpost.ops.media`).
     """
@@ -314,6 +329,7 @@ class Recipe:
     guards: GuardConfig = field(default_factory=GuardConfig)
     eval: EvalSpec | None = None
     ema: EMAConfig | None = None
+    copies: dict[str, CopyConfig] | None = None
     distributed: DistributedConfig | None = None
     reward_frames: FrameScoring = field(default_factory=FrameScoring)
 
@@ -321,13 +337,19 @@ class Recipe:
         """Closed-form per-step counts from the sampler for this recipe's batch shape."""
         return self.sampler.counts(self.run.groups_per_step, self.run.samples_per_group)
 
+    def train_counts(self) -> TrainCounts:
+        """The update's denoiser rows per step, from the update rule (:meth:`PolicyOptimizer.train_counts`)."""
+        return self.optimizer.train_counts(self.counts())
+
     def derived(self) -> dict[str, int]:
         """Derived quantities printed at start-up (never configured directly)."""
-        c = self.counts()
-        return {
+        c, t = self.counts(), self.train_counts()
+        derived = {
             "groups per step": self.run.groups_per_step,
             "samples per step": c.images,  # images, or videos for a video model
             "trainable edges per step": c.trainable_edges,
             "NFE per step (rollout)": c.rollout_forwards,
-            "NFE per step (training, fwd+bwd)": c.train_forwards,
+            "NFE per step (training, fwd+bwd)": t.grad_rows,
         }
+        derived.update({f"NFE per step (training, no-grad {name})": n for name, n in sorted(t.nograd_rows.items())})
+        return derived

@@ -44,6 +44,10 @@ def section_shape_problems(s: Section, value: Any) -> list[str]:
         return []
     if s.kind == "config":
         return _settings_problems(s.name, s.type, value)
+    if s.kind == "config-mapping":
+        if not isinstance(value, dict):
+            return [f"{s.name}: expected a mapping of name to settings, got {short_repr(value)}"]
+        return [p for k, v in value.items() for p in _settings_problems(f"{s.name}.{k}", s.type, v)]
     if s.kind == "component":
         return _component_problems(s.name, value)
     if s.kind == "component-list":

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rlpost.core.api import Component
+from rlpost.core.api import Component, missing_capabilities
 from rlpost.core.registry import Registries, suggest
 from rlpost.core.yaml_limits import short_repr
 from rlpost.engine.distributed import validate_distributed
@@ -23,6 +23,7 @@ from rlpost.engine.recipe.names import resolve_component
 from rlpost.engine.recipe.schema import SECTION, SECTIONS, OptimizerFactory, Recipe, RecipeError, Section
 from rlpost.engine.recipe.shapes import section_shape_problems
 from rlpost.engine.recipe.typecheck import check_with_parser, with_defaults
+from rlpost.engine.weight_copies import copies_problems
 from rlpost.models.acceleration import acceleration_problems
 from rlpost.ops.media import media_problems
 
@@ -86,6 +87,7 @@ class _SectionChecks:
             return
         by_kind = {
             "config": self.config,
+            "config-mapping": self.config_mapping,
             "component": self.component,
             "component-list": self.component_list,
             "factory": self.factory,
@@ -101,6 +103,23 @@ class _SectionChecks:
         if raw is not None or not s.optional:
             built = self.built[s.name] = check_with_parser(s.name, s.type, raw or {}, self.problems)
             self.resolved[s.name] = dataclasses.asdict(built) if built is not None else raw
+
+    def config_mapping(self, s: Section) -> None:
+        """Name -> settings dataclass (the weight ``copies``), each type-checked as :meth:`config` under ``NAME.KEY``
+        and range-checked with its ``problems()``."""
+        raw = self.cfg.get(s.name)
+        self.built[s.name] = None
+        if raw is None:
+            return
+        built: dict[str, Any] = {}
+        for key, value in raw.items():
+            where = f"{s.name}.{key}"
+            item = check_with_parser(s.name, s.type, value or {}, self.problems, where=where)
+            if item is not None:
+                built[str(key)] = item
+                self.problems.extend(f"{where}.{p}" for p in item.problems())
+        self.built[s.name] = built
+        self.resolved[s.name] = {k: dataclasses.asdict(v) for k, v in built.items()}
 
     def component(self, s: Section) -> None:
         """One component chosen by name or class path, its arguments type-checked by jsonargparse."""
@@ -206,14 +225,24 @@ def _check_rewards(names: list[str], weights: dict[str, Any]) -> list[str]:
     return problems
 
 
+def capability_problems(recipe: Recipe) -> list[str]:
+    """The advantage estimator's and the update rule's ``requires`` against the sampler's ``provides``
+    (:mod:`rlpost.core.api.capabilities`), each missing capability named with both components."""
+    sampler, provided = recipe.sampler, recipe.sampler.provides
+    problems = []
+    for section, component in (("advantage", recipe.advantage), ("optimizer", recipe.optimizer)):
+        for capability in missing_capabilities(provided, component.requires):
+            problems.append(
+                f"{section}: {component.name!r} requires the capability {capability!r}, which sampler "
+                f"{sampler.name!r} does not provide (it provides {sorted(provided) or 'nothing'}); "
+                "see docs/writing_plugins.md, 'Capabilities'"
+            )
+    return problems
+
+
 def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
-    problems: list[str] = []
-    missing = recipe.advantage.requires - recipe.sampler.provides
-    if missing:
-        problems.append(
-            f"advantage: {recipe.advantage.name!r} requires {sorted(missing)} from the sampler, but sampler "
-            f"{recipe.sampler.name!r} provides {sorted(recipe.sampler.provides) or 'nothing'}"
-        )
+    problems = capability_problems(recipe)
+    problems.extend(copies_problems(recipe.copies, recipe.optimizer.required_copies(), recipe.optimizer.name))
     problems.extend(acceleration_problems(recipe.run.accelerate, recipe.model))
     if problems or not sane_run:
         return problems  # the component checks below assume a sane run section
