@@ -57,7 +57,7 @@ class Sampler(Component):
     """Produces a :class:`~rlpost.core.contract.Rollout` and recomputes its edges' log-probs for training.
 
     Owning both ``rollout`` and ``evaluate`` means the kernel used to sample and the kernel used for the
-    importance ratio cannot drift apart (DanceGRPO issue #87).
+    importance ratio cannot drift apart (XueZeyue/DanceGRPO issue #87).
 
     A training step calls :meth:`begin_step` exactly once, then :meth:`rollout` with the whole batch (one process)
     or :meth:`rollout_groups` with the rank's groups and one generator per group (``distributed``, see
