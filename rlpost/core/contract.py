@@ -264,8 +264,8 @@ class Rollout:
 @dataclass(frozen=True)
 class RewardScores:
     """Per-source reward scores for the samples of a rollout. Never pre-summed: aggregation order matters
-    (summing before normalising collapses multi-reward signal, trl issue #4841), so mixing belongs to the advantage
-    estimator.
+    (summing before normalising collapses multi-reward signal, huggingface/trl issue #4841), so mixing belongs to the
+    advantage estimator.
 
     Attributes:
         scores: Source name -> ``[S]`` float tensor aligned with ``Rollout.media`` (one score per sample, whatever

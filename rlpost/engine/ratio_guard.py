@@ -4,8 +4,8 @@ importance ratio 1 within ``run.accelerate.ratio_tolerance``, else the run refus
 A speed-up may compute the rollout's velocities differently from the training forward (compiled or eager kernels,
 autocast on one path only, another attention kernel). The clipped surrogate's ratio ``exp(log π_θ - log π_old)`` is
 then not 1 for an unchanged policy, and with PPO clip ranges of 1e-4 an error of that size already clips the first
-update (issue #24 reports that Flow-Factory, X-GenGroup/Flow-Factory, blocks lossy speed-ups for ratio-based methods
-for this reason). :func:`check_speedups` draws one rollout of ``run.accelerate.guard_groups`` prompt groups from the
+update (Flow-Factory, X-GenGroup/Flow-Factory, blocks lossy speed-ups for ratio-based methods for this reason).
+:func:`check_speedups` draws one rollout of ``run.accelerate.guard_groups`` prompt groups from the
 recipe's sampler, evaluates its trainable edges exactly as the update does (``Sampler.evaluate`` with gradients
 enabled, the policy in train mode, minibatches of at most the update rule's ``minibatch_edges`` edges, a parent's
 edges together) and compares ``exp(new - old)`` with 1.

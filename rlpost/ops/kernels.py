@@ -4,7 +4,7 @@ A kernel turns the model's velocity ``v ≈ ε - x0`` at noise level ``σ`` into
 kernels define a Gaussian policy ``π(x' | x) = N(μ, s² I)`` (as in
 Flow-GRPO's ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``@ac4c86e) and score the sampled action with
 :meth:`StepKernel.log_prob`; samplers call that *same* method at rollout and when recomputing log-probs for the
-importance ratio, so the two cannot drift apart (DanceGRPO issue #87).
+importance ratio, so the two cannot drift apart (XueZeyue/DanceGRPO issue #87).
 
 Conventions shared by every kernel (the rectified flow of SD3, Esser et al. 2024, arXiv 2403.03206; diffusers
 ``schedulers/scheduling_flow_match_euler_discrete.py``):

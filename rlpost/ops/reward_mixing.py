@@ -1,7 +1,7 @@
 """Multi-reward mixing: per-group z-scores and the two aggregation orders.
 
 * ``"reward"`` mode: ``A = zscore_g(Σ_k w_k R_k)``: sum raw rewards, then normalise per prompt group (Flow-GRPO's
-  ``multi_score`` weighted ``avg``; DanceGRPO issue #19's HPS:CLIP 0.7:1.4 is a raw-reward weighting).
+  ``multi_score`` weighted ``avg``; the HPS:CLIP 0.7:1.4 of XueZeyue/DanceGRPO issue #19 is a raw-reward weighting).
 * ``"advantage"`` mode: ``A = Σ_k w_k zscore_g(R_k)``: normalise each reward per group, then weight (MixGRPO's
   ``advantage_aggr`` in ``Tencent-Hunyuan/MixGRPO`` ``fastvideo/train_grpo_flux.py``@e5cdd6a, and TreeGRPO, arXiv
   2512.08153, Sec. "Experiments": 0.8 HPS : 0.2 CLIP). Rewards on very different scales (aesthetic
@@ -153,7 +153,7 @@ def validate_reward_weights(weights: dict[str, float], known: set[str]) -> list[
     """Problems with a recipe's ``reward_weights`` (empty list when fine).
 
     Reports unknown reward names (with a did-you-mean suggestion), negative or non-finite weights, and all-zero
-    weights (which would silently train on nothing; DanceGRPO #13/#19, trl PR #2676).
+    weights (which would silently train on nothing; XueZeyue/DanceGRPO issues #13 and #19, huggingface/trl PR #2676).
 
     Args:
         weights: Reward name -> weight from the recipe.

@@ -1,4 +1,4 @@
-"""Every bitwise assertion in tests/ relies on a documented guarantee (issue #11: tests must pass on any CPU type).
+"""Every bitwise assertion in tests/ relies on a documented guarantee (tests must pass on any CPU type).
 
 Float kernels round differently across CPU types and memory alignments (``docs/design.md``, "Determinism"), so a
 test may assert bit-for-bit equality only where the project promises it. This test scans tests/ for bitwise

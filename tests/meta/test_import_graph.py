@@ -1,7 +1,7 @@
-"""The import graph stays a stack of layers that only point down (issue #14; the picture is in docs/design.md).
+"""The import graph stays a stack of layers that only point down (the picture is in docs/design.md).
 
 Every module under ``rlpost/`` is parsed with :mod:`ast`; every import counts, also those under ``TYPE_CHECKING``
-and inside functions (a lazy import is still a dependency), and so does a string import (issue #22): a string literal
+and inside functions (a lazy import is still a dependency), and so does a string import: a string literal
 outside docstrings naming an ``rlpost`` module or a module's attribute, which is what ``importlib.import_module``,
 ``__import__`` and a ``class_path`` resolve. ``from a import b`` depends on package ``a`` itself (it reads ``a``'s
 namespace), so a submodule doing ``from rlpost.bench import stats`` while ``rlpost/bench/__init__.py`` imports it is

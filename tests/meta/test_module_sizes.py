@@ -1,4 +1,4 @@
-"""Modules stay small enough to read in one sitting (issue #22): one idea per module (docs/design.md).
+"""Modules stay small enough to read in one sitting: one idea per module (docs/design.md).
 
 No module in ``rlpost/`` is over 450 lines, none in ``plugins/`` over 400 (a plugin holds one algorithm; its
 modules are smaller still). A module over the limit is split by responsibility, not trimmed.

@@ -9,7 +9,7 @@ roughness (mean absolute difference of horizontally and vertically adjacent pixe
 image minus that of the deterministic Euler-ODE image from the same initial noise on the same grid. Sampled noise the
 remaining steps cannot remove shows up as pixel-level roughness; variation the model turns into image content does
 not. On this model the ODE images have roughness ~22.6; a sampled step into diffusers' ``σ_min`` adds 3-4 grey
-levels (the issue's report: DanceGRPO 27.4, DDPO 24.6 at the same ODE level), while a configuration whose sampled
+levels (an earlier measurement: DanceGRPO 27.4, DDPO 24.6 at the same ODE level), while a configuration whose sampled
 noise later steps remove stays within about one grey level of its ODE images, mostly below them (docs/models.md
 "Time grids" lists the measured values).
 
@@ -27,7 +27,7 @@ Upstream configurations (restated, not imported from the samplers under test):
   the diffusers grid, window at the latest start the paper's law allows (the worst case). On the diffusers grid the
   configuration *is* upstream's, so only the shifted-linspace grid is compared.
 
-Tolerance: ``TOLERANCE`` grey levels of excess roughness, a third of the smallest violation the issue reported
+Tolerance: ``TOLERANCE`` grey levels of excess roughness, a third of the smallest violation measured
 (DDPO, +2.7). With fixed seeds the statistic is deterministic up to float rounding; over the three RL templates an
 accepted configuration exceeded its reference by at most 0.25.
 """
@@ -255,7 +255,7 @@ def test_window_samplers_leave_no_more_noise_than_on_their_upstream_grid(
 def test_the_statistic_detects_noise_left_by_a_step_into_sigma_min(
     policies: dict[str, SD3Policy], prompts: list[str]
 ) -> None:
-    """The measurement itself: sampling the step into diffusers' σ_min (the issue's case) leaves +3 grey levels."""
+    """The measurement itself: sampling the step into diffusers' σ_min leaves +3 grey levels."""
     policy = policies["diffusers"]
     noisy = reference_excess(
         policy,

@@ -99,7 +99,7 @@ def test_rlpost_verbose_keeps_third_party_output(monkeypatch):
     assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ and logger.filters == []
 
 
-# ------------------------------------------------------------------ the jsonargparse command line (issue #13 item 9)
+# ------------------------------------------------------------------ the jsonargparse command line
 
 
 def _toy_cli(monkeypatch, tmp_path: Path) -> Path:

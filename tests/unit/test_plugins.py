@@ -260,7 +260,7 @@ def test_two_third_party_entry_points_with_one_name_are_both_refused(third_party
 def test_recipe_naming_a_contested_reward_is_refused_before_anything_loads(
     third_party, hostile_site, tmp_path, monkeypatch
 ):
-    """The issue's attack: with the impostor installed, a recipe naming 'jpeg-compressibility' is refused (exit 2,
+    """The attack: with the impostor installed, a recipe naming 'jpeg-compressibility' is refused (exit 2,
     both distributions and the way out named, nothing written); 'rlpost:jpeg-compressibility' trains with the
     built-in."""
     from rlpost.engine.recipe import RecipeError, validate

@@ -1,4 +1,4 @@
-"""Per-step sampler state advances once per training step, whatever the rank and group counts (issue #11).
+"""Per-step sampler state advances once per training step, whatever the rank and group counts.
 
 For every first-party sampler, on the tiny SD3: one rank holding 4 groups, two in-process ranks holding 2 groups
 each (``GroupSharding``), one group per step and the single-process path (``LocalSharding``) must give the same

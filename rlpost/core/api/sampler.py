@@ -62,7 +62,7 @@ class Sampler(Component):
     What a sampler's rollouts offer is declared in :attr:`provides` (:mod:`rlpost.core.api.capabilities`): every
     sampler provides ``clean-samples`` (the default); one that records stochastic edges and implements
     :meth:`evaluate` adds ``edge-log-probs``. Owning both ``rollout`` and ``evaluate`` means the kernel used to sample
-    and the kernel used for the importance ratio cannot drift apart (DanceGRPO issue #87).
+    and the kernel used for the importance ratio cannot drift apart (XueZeyue/DanceGRPO issue #87).
 
     A training step calls :meth:`begin_step` exactly once, then :meth:`rollout` with the whole batch (one process)
     or :meth:`rollout_groups` with the rank's groups and one generator per group (``distributed``, see

@@ -395,7 +395,7 @@ needs_proc = pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason=
 
 @needs_proc
 def test_server_process_memory_stays_bounded_under_zero_pngs():
-    """The issue's attack on a real server process: 4 all-black 12000x12000 PNGs (a ~10 MB request) took it from
+    """The attack on a real server process: 4 all-black 12000x12000 PNGs (a ~10 MB request) took it from
     0.7 to 4 GB. Now: 413 from the headers, and the peak memory does not move."""
     with server_process() as (proc, address):
         ok_images = encode_images(make_images(2, size=32))

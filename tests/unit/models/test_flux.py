@@ -203,7 +203,7 @@ def test_sde_log_prob_is_an_independent_gaussian_density(
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_recomputed_log_prob_gives_ratio_one(make_flux_policy: Callable[..., FluxPolicy], lora: bool) -> None:
-    """Before any update, exp(logp_new - logp_old) == 1 up to fp32 rounding (DanceGRPO issue #87)."""
+    """Before any update, exp(logp_new - logp_old) == 1 up to fp32 rounding (XueZeyue/DanceGRPO issue #87)."""
     kw: dict[str, Any] = (
         {"lora": LoraSpec(rank=4, alpha=4), "gradient_checkpointing": True} if lora else {"full_finetune": True}
     )

@@ -116,7 +116,7 @@ def test_encode_is_cached_per_prompt(
 def test_recomputed_log_prob_gives_ratio_one(
     make_sd3_policy: Callable[..., SD3Policy], guidance: float, lora: bool
 ) -> None:
-    """DanceGRPO issue #87 sanity check: before any update, exp(logp_new - logp_old) == 1 up to fp32 rounding."""
+    """XueZeyue/DanceGRPO issue #87 check: before any update, exp(logp_new - logp_old) == 1 up to fp32 rounding."""
     # LoRA runs with gradient checkpointing too: recomputation in backward must not change the forward.
     kw: dict[str, Any] = (
         {"lora": LoraSpec(rank=4, alpha=4), "gradient_checkpointing": True} if lora else {"full_finetune": True}
@@ -145,7 +145,7 @@ def test_recomputed_log_prob_gives_ratio_one(
         ratio = torch.exp(new - old)
         # Not bitwise: the recomputation runs with autograd (and checkpointing) on, which may take other kernels.
         # 1e-6 leaves room for last-bit differences of the forward (bitwise equal on our CPU); a log-prob computed
-        # differently at the two ends (DanceGRPO issue #87: another std or reduction) is off by orders more.
+        # differently at the two ends (XueZeyue/DanceGRPO issue #87: another std or reduction) is off by orders more.
         assert torch.allclose(ratio, torch.ones_like(ratio), rtol=0, atol=1e-6), ratio
         new.sum().backward()  # gradients flow (through checkpointed blocks for LoRA)
 
@@ -229,8 +229,8 @@ def test_full_finetune_reference_copy(make_sd3_policy: Callable[..., SD3Policy])
             ref = policy.velocity(x, s, cond)
         after = policy.velocity(x, s, cond)
     # The reference is a deep copy, whose weights sit at other memory alignments than the loaded ones, so the CPU
-    # kernels may round differently (issue #11: 2.4e-7 on an AMD EPYC). A reference aliasing the trained weights
-    # would equal `after`, which moved by ~0.4.
+    # kernels may round differently (docs/design.md, "Determinism"; 2.4e-7 measured on an AMD EPYC). A reference
+    # aliasing the trained weights would equal `after`, which moved by ~0.4.
     assert_fp32_close(ref, before)
     assert not torch.allclose(after, before)
     with pytest.raises(NotImplementedError, match="reference=True"):

@@ -242,8 +242,8 @@ def test_sde_log_prob_is_an_independent_gaussian_density(
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_recomputed_log_prob_gives_ratio_one(make_wan_policy: Callable[..., WanPolicy], lora: bool) -> None:
-    """Before any update, exp(logp_new - logp_old) == 1 (DanceGRPO issue #87), recomputing through velocity with
-    autograd on; every trainable parameter then gets a gradient, and nothing else does."""
+    """Before any update, exp(logp_new - logp_old) == 1 (XueZeyue/DanceGRPO issue #87), recomputing through velocity
+    with autograd on; every trainable parameter then gets a gradient, and nothing else does."""
     kw: dict[str, Any] = (
         {"lora": LoraSpec(rank=4, alpha=4), "gradient_checkpointing": True} if lora else {"full_finetune": True}
     )

@@ -35,7 +35,7 @@ def test_shifted_linspace_is_the_shifted_uniform_grid(num_steps: int, shift: flo
 
 
 def test_last_nonzero_levels_of_the_two_grids() -> None:
-    # The issue's numbers for SD3.5 (shift 3) at 10 steps: diffusers ends in sigma_min ~0.009, DanceGRPO's grid in 0.25.
+    # The two grids' ends for SD3.5 (shift 3) at 10 steps: diffusers ends in sigma_min ~0.009, DanceGRPO's grid in 0.25.
     assert float(shifted_linspace_sigmas(10, 3.0)[-2]) == pytest.approx(0.25, abs=1e-6)
     sigma_min = float(time_shift(time_shift(torch.tensor(1e-3, dtype=torch.float64), 3.0), 3.0))
     assert float(sd3_sigmas(10, 3.0)[-2]) == pytest.approx(sigma_min, rel=1e-5)

@@ -5,7 +5,7 @@ Estimators: ``group-zscore`` (group / global std, both multi-reward modes), ``tr
 
 1. A prompt group whose rewards are all equal gets advantage exactly 0 on every sample and edge, also when the
    constant is not representable in float32 (0.1, 0.3, 0.999, JPEG sizes / 1000): the float32 formula divides an
-   ulp of rounding noise by an ulp of rounding noise there and used to give |A| ~ 0.6-1.0 (issue #11, item 1).
+   ulp of rounding noise by an ulp of rounding noise there and used to give |A| ~ 0.6-1.0.
    Exact zero is the documented guarantee (``docs/rewards.md``, "Multi-reward recipes"), so it is tested bitwise.
 2. Storing the same forest in another node / edge / sample order permutes the advantages the same way.
 3. Z-scores are invariant to a positive affine change ``a·R + b`` of the rewards (per source in ``advantage`` mode;

@@ -67,7 +67,7 @@ class Miscounting(ToyChainSampler):
 
 
 class DriftingEvaluate(ToyChainSampler):
-    """Recomputes log-probs with another function than the rollout's (DanceGRPO issue #87)."""
+    """Recomputes log-probs with another function than the rollout's (XueZeyue/DanceGRPO issue #87)."""
 
     name: ClassVar[str] = "drifting-evaluate"
 
