@@ -27,6 +27,7 @@ from rlpost.components.chain import (
     run_chains,
     shared_or_independent_noise,
 )
+from rlpost.components.clean_samples import CleanBatch, clean_batch, sample_chunks
 from rlpost.core.api import (
     CHAINS,
     CLEAN_SAMPLES,
@@ -176,6 +177,9 @@ __all__ = [
     "timesteps_from_sigmas",
     "unpack_latents",
     "read_config",
+    "CleanBatch",
+    "clean_batch",
+    "sample_chunks",
     "grid_permutations",
     "keyed_generator",
     "noise_for",
