@@ -49,6 +49,35 @@ GUARANTEES: dict[str, tuple[str, str]] = {
 
 # (path, stripped line) -> guarantee. One entry covers every identical line of that file.
 ALLOWED: dict[tuple[str, str], str] = {
+    # weight copies and training noise: copies swapped in/out and serialised; keyed draws re-made in one process
+    (
+        "tests/unit/ops/test_training_noise.py",
+        "assert torch.equal(a, torch.rand(4, generator=keyed_generator(3, 1, 2)))  # a stateless function of its keys",
+    ): "one-machine",
+    (
+        "tests/unit/ops/test_training_noise.py",
+        "assert torch.equal(grid_permutations(5, 2, keys[2:], 10, 9), perm[2:])  # the other rank's samples, alone",
+    ): "no-arithmetic",
+    (
+        "tests/unit/ops/test_training_noise.py",
+        "assert torch.equal(e1, noise_for(0, 3, (2, 1), (2, 4)))",
+    ): "one-machine",
+    (
+        "tests/unit/test_weight_copies.py",
+        'assert all(torch.equal(s, p) for s, p in zip(copies.shadows["old"], start, strict=True))',
+    ): "no-arithmetic",
+    (
+        "tests/unit/test_weight_copies.py",
+        "assert torch.equal(params[0], torch.full_like(params[0], 7.0))",
+    ): "no-arithmetic",
+    (
+        "tests/unit/test_weight_copies.py",
+        "assert all(torch.equal(p, w) for p, w in zip(params, live, strict=True))",
+    ): "no-arithmetic",
+    (
+        "tests/unit/test_weight_copies.py",
+        "assert torch.equal(a, b)  # checkpoints restore copies bit for bit (resume within one process)",
+    ): "no-arithmetic",
     # the digits judge: the same training (or augmentation) run twice in one process
     (
         "tests/unit/digits/test_digits.py",
