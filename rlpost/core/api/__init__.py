@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from rlpost.core.api.advantage import AdvantageEstimator, Advantages
 from rlpost.core.api.arguments import InvalidArguments, Range
 from rlpost.core.api.component import Component
-from rlpost.core.api.policy import Conditioning, Policy
+from rlpost.core.api.policy import Conditioning, Policy, resolve_guidance
 from rlpost.core.api.prompts import PromptSource
 from rlpost.core.api.reward import MediaScope, RewardSource
 from rlpost.core.api.sampler import EdgeEval, Sampler, StepCounts
@@ -42,6 +42,7 @@ __all__ = [
     "TrainBackend",
     "UpdateContext",
     "UpdateResult",
+    "resolve_guidance",
     "update_result_problems",
 ]
 
