@@ -20,7 +20,7 @@ code Luo-Yihong/DGPO @01ceb4b (``scripts/train_sd3_dgpo.py``). The rollout is a 
    takes one optimizer step.
 
 Groups: the group score ``S_g`` sums over every member of a group. Upstream's members may sit on several GPUs, so it
-all-reduces the per-group sums (L176-186). rlpost's ranks hold whole groups (``rlpost/engine/sharding.py``) and a
+all-reduces the per-group sums (L181-186). rlpost's ranks hold whole groups (``rlpost/engine/sharding.py``) and a
 minibatch here holds whole groups, so the sum is local and no collective is needed.
 
 The ``ema_ref`` copy (recipe ``copies: {ema_ref: {rate: 0.001, cap: 0.3}}``, upstream L1175-1177) is also what the
