@@ -5,8 +5,9 @@ sets come from the Hugging Face hub (the SD3.5 recipes: HPD v2 training and benc
 small stand-in files of those datasets placed in a scratch hub cache, as ``hf_hub_download`` would have left them
 (the recipe is valid given its data); prompt files a recipe names by a relative path the user provides (GenEval's
 prompt files of recipes/dgpo_sd35.yaml) get a stand-in file at that path in the scratch directory; model weights and
-reward checkpoints are stood in the same way (tests/weights_standins.py). CI runs offline (HF_HUB_OFFLINE=1), so the hub data not being cached is also checked:
-validation then fails with exit 2, naming each prompt field and how to provide it, and writes nothing.
+reward checkpoints are stood in the same way (tests/weights_standins.py). CI runs offline (HF_HUB_OFFLINE=1), so the
+hub data not being cached is also checked: validation then fails with exit 2, naming each prompt field and how to
+provide it, and writes nothing.
 """
 
 from __future__ import annotations
