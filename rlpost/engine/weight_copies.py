@@ -94,7 +94,7 @@ def copies_problems(copies: Mapping[str, CopyConfig] | None, required: frozenset
     for name in sorted(required - {REFERENCE} - set(copies)):
         problems.append(
             f"copies: optimizer {rule!r} needs a weight copy {name!r}; declare it, e.g. "
-            f"'copies: {{{name}: {{rate: 0.001, cap: 0.5}}}}' (docs/recipes.md, 'Weight copies')"
+            f"'copies: {{{name}: {{rate: 0.001, cap: 0.5}}}}' (docs/checkpoints.md, 'Weight copies')"
         )
     return problems
 

@@ -49,6 +49,43 @@ GUARANTEES: dict[str, tuple[str, str]] = {
 
 # (path, stripped line) -> guarantee. One entry covers every identical line of that file.
 ALLOWED: dict[tuple[str, str], str] = {
+    (
+        "tests/unit/test_likelihood_free_example.py",
+        'assert torch.equal(x, y), "the old copy must be bitwise equal after resume"',
+    ): "resume",
+    (
+        "tests/unit/test_likelihood_free_example.py",
+        'assert torch.equal(x, y), "weights must be bitwise equal after resume"',
+    ): "resume",
+    # weight copies and training noise: copies swapped in/out and serialised; keyed draws re-made in one process
+    (
+        "tests/unit/ops/test_training_noise.py",
+        "assert torch.equal(a, torch.rand(4, generator=keyed_generator(3, 1, 2)))  # a stateless function of its keys",
+    ): "one-machine",
+    (
+        "tests/unit/ops/test_training_noise.py",
+        "assert torch.equal(grid_permutations(5, 2, keys[2:], 10, 9), perm[2:])  # the other rank's samples, alone",
+    ): "no-arithmetic",
+    (
+        "tests/unit/ops/test_training_noise.py",
+        "assert torch.equal(e1, noise_for(0, 3, (2, 1), (2, 4)))",
+    ): "one-machine",
+    (
+        "tests/unit/test_weight_copies.py",
+        'assert all(torch.equal(s, p) for s, p in zip(copies.shadows["old"], start, strict=True))',
+    ): "no-arithmetic",
+    (
+        "tests/unit/test_weight_copies.py",
+        "assert torch.equal(params[0], torch.full_like(params[0], 7.0))",
+    ): "no-arithmetic",
+    (
+        "tests/unit/test_weight_copies.py",
+        "assert all(torch.equal(p, w) for p, w in zip(params, live, strict=True))",
+    ): "no-arithmetic",
+    (
+        "tests/unit/test_weight_copies.py",
+        "assert torch.equal(a, b)  # checkpoints restore copies bit for bit (resume within one process)",
+    ): "no-arithmetic",
     # the digits judge: the same training (or augmentation) run twice in one process
     (
         "tests/unit/digits/test_digits.py",
@@ -275,6 +312,15 @@ ALLOWED: dict[tuple[str, str], str] = {
         "tests/unit/models/test_flux.py",
         'assert torch.equal(c1.tensors["prompt_embeds"][0], c2.tensors["prompt_embeds"][2])',
     ): "no-arithmetic",
+    # velocity(guidance=None) runs the same computation as the call without it (docs/models.md "Guidance per call")
+    (
+        "tests/unit/models/test_guidance.py",
+        "assert torch.equal(policy.velocity(x, SIGMA, cond, guidance=None), v)  # the same computation, one process",
+    ): "one-machine",
+    (
+        "tests/plugins/qwenimage/test_guidance.py",
+        "assert torch.equal(policy.velocity(x, SIGMA, cond, guidance=None), v)  # the same computation, one process",
+    ): "one-machine",
     # Qwen-Image (plugins/rlpost_qwenimage): the same packing, noise draw and scheduler hand-over as FLUX (the
     # adapter calls the facade's pack_latents / flux_sigmas); cached prompt rows are copies; the tiny build is seeded
     ("tests/plugins/qwenimage/test_qwenimage.py", "assert torch.equal(pack_latents(ours), packed)"): "one-machine",

@@ -1,6 +1,7 @@
 """Capabilities decide which components may run together (rlpost/core/api/capabilities.py): an update rule written
 before capabilities existed, declaring no ``requires``, is a policy-gradient rule (``{edge-log-probs}``), and
-``rlpost validate`` refuses it with a sampler that provides only clean samples, pointing at the documentation."""
+``rlpost validate`` refuses it with a sampler that provides only clean samples (the built-in ``solver``, a toy one),
+pointing at the documentation."""
 
 from __future__ import annotations
 
@@ -58,6 +59,22 @@ def test_validate_refuses_a_legacy_rule_with_a_clean_samples_sampler(tmp_path: P
     # A likelihood-free rule, which declares clean-samples, is accepted with the same sampler.
     recipe = validate(_clean_recipe(tmp_path, "toy-flow-matching"), host)
     assert recipe.optimizer.requires == {"clean-samples"}
+
+
+def test_validate_refuses_a_legacy_rule_with_the_solver_sampler(tmp_path: Path) -> None:
+    """The built-in rollout sampler of likelihood-free rules (rlpost/components/solver_sampler.py) provides clean
+    samples and chains, no edge log-probs: a rule declaring nothing is refused with it, a likelihood-free one is not."""
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
+    cfg = _clean_recipe(tmp_path, "tests.unit.test_capabilities.LegacyRule")
+    cfg["sampler"] = {"class_path": "solver", "init_args": {"solver": "euler", "num_steps": 3}}
+    with pytest.raises(RecipeError) as err:
+        validate(cfg, host)
+    assert [p for p in err.value.problems if p.startswith("optimizer:")] == [
+        "optimizer: 'legacy-rule' requires the capability 'edge-log-probs', which sampler 'solver' does not "
+        "provide (it provides ['chains', 'clean-samples']); see docs/writing_plugins.md, 'Capabilities'"
+    ]
+    cfg["optimizer"] = {"class_path": "toy-flow-matching"}
+    assert validate(cfg, host).sampler.name == "solver"
 
 
 def test_rlpost_validate_exits_2_naming_the_capability(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
