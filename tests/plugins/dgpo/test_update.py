@@ -13,6 +13,7 @@ from rlpost_dgpo.update import EMA_REF, DGPOUpdate, group_chunks
 
 from rlpost.core.api import REFERENCE, StepCounts
 from rlpost.ops.training_noise import keyed_generator, noise_for, subset_without_replacement
+from rlpost.testing import check_update_rule
 from tests.argument_checks import problems_of
 from tests.plugins.dgpo.helpers import (
     GradBackend,
@@ -324,3 +325,15 @@ def test_copies_and_rollout_switch() -> None:
     rule = DGPOUpdate(switch_ema_ref=2)
     assert rule.required_copies() == {EMA_REF}
     assert [rule.rollout_copy(step) for step in range(4)] == [None, None, None, EMA_REF]  # upstream: step > switch
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"kl_beta": 0.0, "use_ema_ref": True}, {"kl_cfg": None, "train_guidance": None, "use_shared_noise": False}],
+    ids=["mode-1", "ema-reference", "configured-guidance"],
+)
+def test_conforms_to_the_update_rule_contract(rlpost_tiny_policy: Any, settings: dict[str, Any]) -> None:
+    from rlpost.components.solver_sampler import SolverSampler
+
+    rule = DGPOUpdate(num_train_timesteps=2, trunc_steps=2, **settings)
+    check_update_rule(rule, rlpost_tiny_policy, SolverSampler(num_steps=4), groups=2, samples_per_group=2)
