@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import torch
@@ -29,7 +30,14 @@ ADVANTAGES = [-7.0, -2.0, 0.5, 1.5, 3.0, 8.0]  # beyond ±adv_clip_max on both s
 
 
 class RefToyPolicy(ToyPolicy):
-    """The toy policy with a frozen reference: ``a`` held at :data:`A_REF` inside :meth:`reference`."""
+    """The toy policy with a frozen reference: ``a`` held at :data:`A_REF` inside :meth:`reference`; it records the
+    ``guidance`` of every velocity call."""
+
+    guidances: list[float | None]
+
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Any, guidance: float | None = None) -> Tensor:
+        self.guidances = [*getattr(self, "guidances", []), guidance]
+        return super().velocity(latents, sigma, cond, guidance)
 
     @contextmanager
     def reference(self) -> Iterator[None]:
@@ -65,11 +73,12 @@ class RecordingBackend(TrainBackend):
         return {"train/grad_norm": 0.0, "train/lr": 0.0}
 
 
-def _setup(num_steps: int = 5) -> tuple[RefToyPolicy, ToyChainSampler, EngineCopies, UpdateContext]:
-    policy = RefToyPolicy(scale=A_LIVE)
+def _setup(guidance_scale: float = 1.0) -> tuple[RefToyPolicy, ToyChainSampler, EngineCopies, UpdateContext]:
+    policy = RefToyPolicy(scale=A_LIVE, guidance_scale=guidance_scale)
     policy.setup(torch.device("cpu"))
-    sampler = ToyChainSampler(num_steps=num_steps)
+    sampler = ToyChainSampler(num_steps=5)
     rollout = sample_rollout(sampler, policy, groups=2, samples_per_group=3, seed=0)
+    policy.guidances = []
     params = policy.trainable_parameters()
     copies = EngineCopies(policy, params, {OLD: CopyConfig()})
     copies.shadows[OLD][0].fill_(A_OLD)
@@ -154,6 +163,19 @@ def test_copies_and_rollout_copy():
     rule = NFTUpdate()
     assert rule.required_copies() == {OLD} and rule.rollout_copy(0) == OLD and rule.rollout_copy(500) == OLD
     assert rule.requires == {"clean-samples"}
+
+
+def test_training_velocities_use_train_guidance():
+    """Every training velocity (old, reference, live) is called at ``train_guidance``: 1.0 trains the conditional
+    branch of a CFG rollout (4.0 here), ``null`` the configured guidance, a different gradient."""
+    grads = {}
+    for train_guidance in (1.0, None):
+        policy, _, _, ctx = _setup(guidance_scale=4.0)
+        NFTUpdate(minibatch_samples=6, train_guidance=train_guidance).update(ctx)
+        assert policy.guidances == [train_guidance] * (3 * 4)  # old, reference, live at 4 timesteps, one minibatch
+        assert isinstance(ctx.backend, RecordingBackend)
+        grads[train_guidance] = float(ctx.backend.grads[0])
+    assert grads[1.0] != pytest.approx(grads[None], rel=1e-3)
 
 
 def test_nonfinite_loss_never_reaches_backward():
