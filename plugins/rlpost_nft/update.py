@@ -139,18 +139,15 @@ class NFTUpdate(PolicyOptimizer):
         counts = recipe.counts()
         sampler = getattr(recipe.sampler, "name", type(recipe.sampler).__name__)
         steps = getattr(recipe.sampler, "num_steps", None)
-        if counts.images < 1 or counts.rollout_forwards % counts.images:
+        grid = counts.rollout_forwards // counts.images if counts.images > 0 else 0
+        known = isinstance(steps, int) and not isinstance(steps, bool)
+        if grid < 1 or counts.rollout_forwards % counts.images or (known and steps != grid):
+            on_grid = f" on a {steps}-step grid" if known else ""
             problems.append(
-                f"sampler: {sampler!r} rolls out {counts.rollout_forwards} denoiser rows for {counts.images} samples; "
-                "nft needs one chain per sample (e.g. sampler 'solver')"
+                f"sampler: {sampler!r} rolls out {counts.rollout_forwards} denoiser rows for {counts.images} samples"
+                f"{on_grid}; nft counts one row per sample per grid step (a chain sampler such as 'solver')"
             )
             return problems
-        grid = counts.rollout_forwards // counts.images
-        if isinstance(steps, int) and not isinstance(steps, bool) and steps != grid:
-            problems.append(
-                f"sampler: {sampler!r} rolls out {grid} rows per sample on a {steps}-step grid; nft counts one row per "
-                "sample per grid step (a chain sampler such as 'solver')"
-            )
         if self.kept_timesteps(grid) < 1:
             problems.append(
                 f"{field}timestep_fraction: int({grid} steps x {self.timestep_fraction}) = 0 timesteps would be "
