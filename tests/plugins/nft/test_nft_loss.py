@@ -70,7 +70,7 @@ def test_loss_equals_the_papers_equations(beta, kl_beta):
         beta=beta, adv_clip_max=M, v_ref=b["v_ref"], kl_beta=kl_beta,
     )  # fmt: skip
     expected = _paper_loss(b, beta, kl_beta)
-    torch.testing.assert_close(terms.total, expected, rtol=RTOL, atol=0.0)
+    torch.testing.assert_close(terms.total, expected, rtol=RTOL, atol=1e-15)
     # The floor row: both errors ~1e-7·t, far below the floor, so each loss is mean(err²)/1e-5 ~ 1e-9.
     assert float(terms.positive[-1]) < 1e-8 and float(terms.negative[-1]) < 1e-8
 
@@ -117,6 +117,6 @@ def test_beta_one_positive_policy_is_the_live_velocity():
     b = _batch(seed=5)
     terms = nft_loss(b["v_old"], b["v_old"], b["x0"], b["x_t"], b["t"], torch.full((5,), 0.3, dtype=torch.float64),
                      beta=1.0, adv_clip_max=M)  # fmt: skip
-    torch.testing.assert_close(terms.positive, terms.negative, rtol=1e-12, atol=0.0)
-    torch.testing.assert_close(terms.policy, M * terms.positive, rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(terms.positive, terms.negative, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(terms.policy, M * terms.positive, rtol=1e-12, atol=1e-15)
     assert not terms.kl.any()
