@@ -62,7 +62,7 @@ class NFTUpdate(PolicyOptimizer):
     Two different betas meet here; upstream names both ``beta``:
 
     Args:
-        beta: NFT's guidance strength β of the implicit policies ``v± `` (upstream ``config.beta``: 1.0 in the
+        beta: NFT's guidance strength β of the implicit policies ``v±`` (upstream ``config.beta``: 1.0 in the
             GenEval, PickScore and HPSv2 presets, 0.1 in the OCR and multi-reward ones); the policy term is divided
             by it.
         kl_beta: Weight of the KL term ``mean (v_θ - v_ref)²`` to the frozen reference (upstream
@@ -71,8 +71,8 @@ class NFTUpdate(PolicyOptimizer):
             term is multiplied by it (upstream ``config.train.adv_clip_max``, 5).
         timestep_fraction: Each sample trains ``int(T · timestep_fraction)`` of the rollout grid's ``T`` steps
             (upstream ``config.train.timestep_fraction``, 0.99: 9 of 10).
-        minibatch_samples: Samples per forward/backward pass (memory only: the gradient is the same for any value);
-            each pass evaluates one kept timestep of each of them (upstream's per-GPU batch, 9).
+        minibatch_samples: Samples per forward/backward pass (memory only: the gradient does not depend on it beyond
+            rounding); each pass evaluates one kept timestep of each of them (upstream's per-GPU batch, 9).
         train_guidance: Guidance of the three training velocities (``Policy.velocity(..., guidance=...)``): 1.0 is
             the conditional branch alone, upstream's CFG-free training; ``null`` uses the model's configured
             (rollout) guidance, which a guidance-distilled model (FLUX.1-dev, whose guidance is an embedding input)

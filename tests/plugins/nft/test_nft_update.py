@@ -89,7 +89,7 @@ def _setup(guidance_scale: float = 1.0) -> tuple[RefToyPolicy, ToyChainSampler, 
 
 def _expected_grad(ctx: UpdateContext, keep: int, beta: float, kl_beta: float, m: float = 5.0) -> float:
     """``∂/∂a`` of the mean over (sample, kept timestep) of the paper's per-row loss, in fp64, velocity space:
-    ``x̂0± - x0 = t·(ε - x0 - v±)``, ``v± `` the implicit policies, weights held constant."""
+    ``x̂0± - x0 = t·(ε - x0 - v±)``, ``v±`` the implicit policies, weights held constant."""
     rollout = ctx.rollout
     keys = sample_keys(rollout)
     x0 = rollout.states[rollout.sample_node].double()
