@@ -13,21 +13,28 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlpost import hookimpl
+from rlpost import clean_batch, hookimpl, noise_for, renoise, sample_chunks
 from rlpost.core.api import (
+    CHAINS,
+    CLEAN_SAMPLES,
     AdvantageEstimator,
     Advantages,
     Conditioning,
     EdgeEval,
     Policy,
+    PolicyOptimizer,
     RewardSource,
     Sampler,
     StepCounts,
+    TrainCounts,
+    UpdateContext,
+    UpdateResult,
     resolve_guidance,
 )
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout
 from rlpost.ops.kernels import make_kernel
 from rlpost.ops.sampling import RolloutBuilder, evaluate_edges
+from rlpost.ops.training_noise import keyed_generator
 
 
 class ToyPolicy(Policy):
@@ -126,6 +133,115 @@ class ToyChainSampler(Sampler):
         return StepCounts(n, n * self.num_steps, n * self.num_steps, n * self.num_steps)
 
 
+class ToyCleanSampler(Sampler):
+    """Deterministic Euler chains ending at noise level 0: ``clean-samples`` (and ``chains``) only, as a rollout
+    sampler for likelihood-free rules. Its edges are recorded (a deterministic kernel's: NaN log-prob) but none is
+    trainable, and it keeps :meth:`Sampler.evaluate`'s default (it provides no ``edge-log-probs``).
+
+    Args:
+        num_steps: Euler steps.
+    """
+
+    name: ClassVar[str] = "toy-clean"
+    provides: ClassVar[frozenset[str]] = frozenset({CHAINS, CLEAN_SAMPLES})
+
+    def __init__(self, num_steps: int = 3) -> None:
+        self.num_steps = num_steps
+
+    def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
+        n = batch.num_groups * batch.samples_per_group
+        groups = torch.arange(batch.num_groups).repeat_interleave(batch.samples_per_group)
+        sigmas = policy.sigmas(self.num_steps)
+        cond = policy.encode(batch.prompts).select(groups)
+        builder = RolloutBuilder(batch, sigmas, ["euler"])
+        x = policy.initial_noise(n, generator)
+        ids = builder.add_nodes(x, 0, groups)
+        for i in range(self.num_steps):
+            x = x + (sigmas[i + 1] - sigmas[i]) * policy.velocity(x, sigmas[i].expand(n), cond)
+            child = builder.add_nodes(x, i + 1, groups)
+            builder.add_edges(ids, child, torch.full((n,), float("nan")), trainable=False, kernel=0)
+            ids = child
+        return builder.build(ids, policy.decode(x))
+
+    def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
+        n = num_groups * samples_per_group
+        return StepCounts(images=n, trainable_edges=0, rollout_forwards=n * self.num_steps, train_forwards=0)
+
+
+class ToyFlowMatching(PolicyOptimizer):
+    """A minimal likelihood-free rule: advantage-weighted flow matching on the rollout's clean samples, optionally
+    pulled towards a lagging weight copy ``old``.
+
+    Per sample ``i`` and draw ``k`` (``draws`` per sample) with ``σ ~ U(0.1, 0.9)`` and ``ε ~ N(0, I)`` from keyed
+    generators, ``x = (1-σ)·x0_i + σ·ε`` and::
+
+        L = Σ_{i,k} [A_i · mean((v_θ(x, σ) - (ε - x0_i))²) + kl_coef · mean((v_θ(x, σ) - v_old(x, σ))²)] / (S·draws)
+
+    (the velocity target of rectified flow, ``dx/dσ = ε - x0``), accumulated over minibatches of ``minibatch_samples``
+    samples and one optimizer step.
+
+    Args:
+        draws: Noise levels per sample.
+        kl_coef: Weight of the pull towards the copy ``old``; 0: no copy and no no-grad rows.
+        minibatch_samples: Samples per forward/backward (0: all at once).
+    """
+
+    name: ClassVar[str] = "toy-flow-matching"
+    requires: ClassVar[frozenset[str]] = frozenset({CLEAN_SAMPLES})
+
+    def __init__(self, draws: int = 2, kl_coef: float = 0.0, minibatch_samples: int = 0) -> None:
+        self.draws, self.kl_coef, self.minibatch_samples = draws, kl_coef, minibatch_samples
+
+    def required_copies(self) -> frozenset[str]:
+        return frozenset({"old"}) if self.kl_coef else frozenset()
+
+    def train_counts(self, counts: StepCounts) -> TrainCounts:
+        rows = counts.images * self.draws
+        return TrainCounts(grad_rows=rows, nograd_rows={"old": rows} if self.kl_coef else {})
+
+    def update(self, ctx: UpdateContext) -> UpdateResult:
+        batch, policy = clean_batch(ctx), ctx.policy
+        grad_rows = nograd_rows = nonfinite = 0
+        total = batch.size * self.draws
+        policy.train(True)
+        try:
+            for chunk in sample_chunks(torch.arange(batch.size), self.minibatch_samples):
+                keys = [batch.keys[int(i)] for i in chunk]
+                for k in range(self.draws):
+                    draw = [torch.rand((), generator=keyed_generator(ctx.seed, ctx.step, k, *key)) for key in keys]
+                    sigma = (0.1 + 0.8 * torch.stack(draw)).to(policy.device)
+                    x0 = batch.x0[chunk]
+                    eps = torch.stack([noise_for(ctx.seed, ctx.step, key, x0.shape[1:], k) for key in keys]).to(x0)
+                    x = renoise(x0, sigma, eps)
+                    cond = batch.cond.select(chunk.to(policy.device))
+                    if self.kl_coef:  # before the live forward: swapping a copy in rewrites the weights in place
+                        with torch.no_grad(), ctx.weight_copies.use("old"):
+                            v_old = policy.velocity(x, sigma, cond)
+                        nograd_rows += int(chunk.numel())
+                    v = policy.velocity(x, sigma, cond)
+                    grad_rows += int(chunk.numel())
+                    per_sample = ((v - (eps - x0)) ** 2).flatten(1).mean(1)
+                    loss = (batch.advantages[chunk] * per_sample).sum()
+                    if self.kl_coef:
+                        loss = loss + self.kl_coef * ((v - v_old) ** 2).flatten(1).mean(1).sum()
+                    loss = loss / total
+                    if not bool(torch.isfinite(loss)):
+                        nonfinite += 1
+                        continue
+                    ctx.backend.backward(loss)
+            metrics = ctx.backend.step()
+        finally:
+            policy.train(False)
+        return UpdateResult(
+            trained_edges=0,
+            train_forwards=grad_rows,
+            reference_forwards=nograd_rows,
+            nonfinite_losses=nonfinite,
+            metrics=metrics,
+            copy_forwards={"old": nograd_rows} if nograd_rows else {},
+        )
+
+
 class ToyMeanReward(RewardSource):
     """Mean pixel brightness in [0, 1]."""
 
@@ -185,6 +301,12 @@ def rlpost_register_models(register: Any) -> None:
 @hookimpl
 def rlpost_register_samplers(register: Any) -> None:
     register(ToyChainSampler)
+    register(ToyCleanSampler)
+
+
+@hookimpl
+def rlpost_register_optimizers(register: Any) -> None:
+    register(ToyFlowMatching)
 
 
 @hookimpl

@@ -23,7 +23,9 @@ import torch
 
 from rlpost.bench.costmodel import Calibration, predict_seconds, predicted_counts
 from rlpost.bench.spec import AlgoSpec, BenchSpec
+from rlpost.engine.loss_guard import LossCheck
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
+from rlpost.engine.ratio_guard import RatioCheck
 from rlpost.engine.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -135,6 +137,7 @@ def run_result(state: AlgoState, calib: Calibration) -> dict[str, Any]:
     counted_ref = [r.reference_forwards for r in iters]
     pred_ref = [r.predicted["reference_forwards"] for r in iters]
     peaks = [r.peak_mem_gb for r in iters if r.peak_mem_gb is not None]
+    check = state.runner.ratio_check  # the ratio or the loss guard's measurement (rlpost.engine.ratio_guard)
     return {
         "algorithm": state.spec.name,
         "seed": state.seed,
@@ -177,7 +180,8 @@ def run_result(state: AlgoState, calib: Calibration) -> dict[str, Any]:
         "predicted_s_per_iter": predict_seconds(state.recipe, calib),
         "peak_mem_gb": max(peaks) if peaks else None,
         "speedups": state.recipe.run.accelerate.labels(),
-        "ratio_guard": state.runner.ratio_check.as_dict() if state.runner.ratio_check is not None else None,
+        "ratio_guard": check.as_dict() if isinstance(check, RatioCheck) else None,
+        "loss_guard": check.as_dict() if isinstance(check, LossCheck) else None,
         "evals": state.evals,
         "iters": [vars(r) for r in iters],
     }

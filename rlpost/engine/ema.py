@@ -87,18 +87,22 @@ class WeightShards(Protocol):
 @contextmanager
 def swapped_in(parameters: Sequence[nn.Parameter], values: Iterable[Tensor]) -> Iterator[None]:
     """Copy ``values`` into ``parameters`` (one at a time, in order, so a lazy iterable may gather each value just
-    before it is copied), and copy the backed-up live values back on exit."""
+    before it is copied), and copy the backed-up live values back on exit.
+
+    The copies go through ``p.data``, which autograd does not version: a graph that saved a parameter before the swap
+    (a live forward with gradients, then a no-grad forward under a weight copy, then ``backward``) still
+    backpropagates, and correctly, because the live values are back in place before ``backward`` runs."""
     backup = []
     with torch.no_grad():
         for p, v in zip(parameters, values, strict=True):
-            backup.append(p.detach().clone())
-            p.copy_(v)
+            backup.append(p.data.clone())
+            p.data.copy_(v)
     try:
         yield
     finally:
         with torch.no_grad():
             for p, b in zip(parameters, backup, strict=True):
-                p.copy_(b)
+                p.data.copy_(b)
 
 
 class ReplicatedWeights:

@@ -35,7 +35,7 @@ from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.overlap import sample_and_score
 from rlpost.engine.persistence import RunState
 from rlpost.engine.phases import PhaseTimer
-from rlpost.engine.ratio_guard import RatioCheck, check_speedups
+from rlpost.engine.ratio_guard import SpeedupCheck, check_speedups
 from rlpost.engine.recipe import Recipe, RecipeError
 from rlpost.engine.rundir import RunDirectory
 from rlpost.engine.scoring import score_rollout, set_up_rewards
@@ -95,8 +95,9 @@ class Runner:
         self._state: RunState | None = None  # the parts checkpoints save and restore, built once by setup()
         self.phases = PhaseTimer()
         """Wall time of each step phase and of evaluations (:mod:`rlpost.engine.phases`)."""
-        self.ratio_check: RatioCheck | None = None
-        """What the ratio guard measured at set-up (:mod:`rlpost.engine.ratio_guard`); ``None`` without speed-ups."""
+        self.ratio_check: SpeedupCheck | None = None
+        """What the speed-up guard measured at set-up (:mod:`rlpost.engine.ratio_guard`: a ``RatioCheck`` for a rule
+        requiring edge-log-probs, else a ``LossCheck``); ``None`` without speed-ups."""
 
     # ------------------------------------------------------------------------------------------------ set-up
 
@@ -178,7 +179,7 @@ class Runner:
         )
         if checkpoint is not None:
             self.load_checkpoint(checkpoint)
-        self.ratio_check = check_speedups(r, stream, self.seed, self.ctx.step, self.shard.max_over_ranks)
+        self.ratio_check = check_speedups(r, stream, self.seed, self.ctx.step, self.shard.max_over_ranks, self.copies)
 
     def _start_world(self) -> None:
         """Join the process group; this rank's device, rank and the group-aware work split follow from it."""

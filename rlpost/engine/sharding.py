@@ -65,7 +65,7 @@ __all__ = [
 STREAM_ROLLOUT = 1
 STREAM_MINIBATCH = 2
 STREAM_STEP = 3  # per-step sampler state (Sampler.begin_step), on every path
-STREAM_GUARD = 4  # the ratio guard's own rollout (rlpost.engine.ratio_guard): no run stream is touched
+STREAM_GUARD = 4  # the speed-up guards' own draws (rlpost.engine.ratio_guard): no run stream is touched
 
 GatherFn = Callable[[Any], list[Any]]
 

@@ -12,7 +12,7 @@ import torch
 from rlpost.core.contract import RewardScores, Rollout
 from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
-from rlpost.engine.ratio_guard import RatioCheck
+from rlpost.engine.ratio_guard import SpeedupCheck
 from rlpost.engine.sharding import UpdateTotals
 from rlpost.ops.images import save_grid
 
@@ -25,10 +25,10 @@ def step_metrics(
     adv: dict[str, float],
     update: UpdateTotals | None,
     phases: PhaseTimer,
-    ratio_check: RatioCheck | None,
+    ratio_check: SpeedupCheck | None,
 ) -> dict[str, float]:
     """One step's metrics from the gathered ``rollout`` and ``scores``, the estimator's metrics ``adv``, the update
-    (``None`` when the guards skipped it), the phase timer and the ratio guard's measurement."""
+    (``None`` when the guards skipped it), the phase timer and the speed-up guard's measurement."""
     metrics: dict[str, float] = {}
     for name, values in scores.scores.items():
         metrics[f"reward/{name}"] = float(values.mean())

@@ -15,7 +15,7 @@ import inspect
 import warnings
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -271,6 +271,11 @@ class DiffusersTransformerPolicy(Policy):
     def clear_prompt_cache(self) -> None:
         """Forget every cached prompt encoding (the next ``encode`` encodes afresh)."""
         self._cache.clear()
+
+    def without_speedups(self) -> AbstractContextManager[None]:
+        """Transformer calls as without ``run.accelerate`` while open (:meth:`Speedups.bypassed`; a no-op when
+        :meth:`accelerate` was not called)."""
+        return nullcontext() if self._speedups is None else self._speedups.bypassed()
 
     @property
     def pipe(self) -> Any:

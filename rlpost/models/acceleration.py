@@ -22,15 +22,18 @@ Every speed-up is off by default. What each does, and where it hooks in:
   scaling) on ``autocast_scope``; kernel means and log-probs stay fp32/fp64 (``rlpost.ops.kernels``).
 
 The policy wraps each transformer call in :meth:`Speedups.call` (rlpost/models/_common.py), which picks the path by
-``torch.is_grad_enabled()``. Before training, ``rlpost.engine.ratio_guard`` re-evaluates a rollout through the training
-path and refuses the run when ``max |ratio - 1| > ratio_tolerance``.
+``torch.is_grad_enabled()``. Before training a guard checks that the speed-ups leave what the update rule sees
+unchanged (``rlpost.engine.ratio_guard``): for a policy-gradient rule it re-evaluates a rollout through the training
+path and refuses the run when ``max |ratio - 1| > ratio_tolerance``; for a likelihood-free rule it computes one
+batch's loss with the speed-ups and without them (:meth:`Speedups.bypassed`, reached through
+:meth:`Accelerable.without_speedups`) and refuses when the relative difference exceeds ``loss_tolerance``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
@@ -109,8 +112,12 @@ class AccelerateConfig:
         autocast: ``bfloat16`` or ``float16`` autocast of the transformer forward, or ``off``.
         autocast_scope: Where autocast applies: ``both`` paths, ``rollout`` or ``train`` only. One path only changes
             the importance ratio (the guard decides whether within tolerance); ``float16`` is refused in training.
-        ratio_tolerance: The guard refuses the run when a rollout re-evaluated by the training path has
-            ``max |ratio - 1|`` above this (checked before training whenever a speed-up is on).
+        ratio_tolerance: The ratio guard refuses the run when a rollout re-evaluated by the training path has
+            ``max |ratio - 1|`` above this (checked before training whenever a speed-up is on and the update rule
+            requires ``edge-log-probs``).
+        loss_tolerance: The loss guard refuses the run when one batch's loss with the speed-ups differs from the
+            loss without them by more than this, relatively (checked before training whenever a speed-up is on and
+            the update rule is likelihood-free, i.e. does not require ``edge-log-probs``).
         guard_groups: Prompt groups of the guard's rollout (drawn from a copy of the prompt stream with a generator
             of its own, so the run's results do not depend on it).
         overlap_groups: Sample a step in parts of this many prompt groups and score each finished part (decoded
@@ -129,6 +136,7 @@ class AccelerateConfig:
     autocast: AutocastName = "off"
     autocast_scope: PathScope = "both"
     ratio_tolerance: float = 1e-3
+    loss_tolerance: float = 1e-3
     guard_groups: int = 1
     overlap_groups: int = 0
 
@@ -179,6 +187,8 @@ class AccelerateConfig:
             )
         if not (math.isfinite(self.ratio_tolerance) and self.ratio_tolerance > 0):
             problems.append(f"{p}ratio_tolerance: must be a positive finite number, got {self.ratio_tolerance}")
+        if not (math.isfinite(self.loss_tolerance) and self.loss_tolerance > 0):
+            problems.append(f"{p}loss_tolerance: must be a positive finite number, got {self.loss_tolerance}")
         if isinstance(self.guard_groups, bool) or self.guard_groups < 1:
             problems.append(f"{p}guard_groups: must be >= 1, got {self.guard_groups}")
         if isinstance(self.overlap_groups, bool) or self.overlap_groups < 0:
@@ -209,6 +219,10 @@ class Accelerable(Protocol):
 
     def clear_prompt_cache(self) -> None:
         """Forget cached prompt encodings (the ratio guard leaves the cache as it found it)."""
+
+    def without_speedups(self) -> AbstractContextManager[None]:
+        """Run every transformer call as without ``run.accelerate`` while the context is open
+        (:meth:`Speedups.bypassed`; nothing changes when no speed-up was applied): the loss guard's reference."""
 
 
 def acceleration_problems(settings: AccelerateConfig, model: object) -> list[str]:
@@ -270,6 +284,7 @@ class Speedups:
         self.settings = settings
         self.device = torch.device(device)
         self._sdpa: list[Any] | None = None  # SDPBackend list for processors that call torch SDPA themselves
+        self._bypass = 0  # depth of open bypassed() contexts
         self.compiled_modules = 0
         """How many modules were compiled in place (blocks, or 1 for the whole model)."""
 
@@ -336,8 +351,28 @@ class Speedups:
         return scope in ("both", path)
 
     @contextmanager
+    def bypassed(self) -> Iterator[None]:
+        """Every call inside the context runs as without the speed-ups: compiled modules eagerly
+        (``torch.compiler.set_stance("force_eager")``, the original forward), no autocast, no ``sdpa_kernel``
+        restriction, no CUDA graph. What :meth:`apply` changed on the modules themselves stays: the attention backend
+        set on processors that dispatch through diffusers (``set_attention_backend`` is per processor, not per call)
+        and the channels-last layout of the VAE (decoding only). Not thread-safe: open it where the transformer is
+        called from one thread (the guards run before training)."""
+        self._bypass += 1
+        try:
+            yield
+        finally:
+            self._bypass -= 1
+
+    @contextmanager
     def _context(self) -> Iterator[bool]:
         s = self.settings
+        if self._bypass:
+            with ExitStack() as stack:
+                if s.compile != "off":
+                    stack.enter_context(torch.compiler.set_stance("force_eager"))
+                yield False
+            return
         compiled = s.compile != "off" and self._on(s.compile)
         with ExitStack() as stack:
             if s.compile != "off" and not compiled:

@@ -8,8 +8,11 @@ source against the component contract, on a tiny real-architecture model, in a p
 
 Each ``check_*`` runs the component the way the engine does, collects every broken rule (what each checks: its
 module's docstring) and raises one :class:`ConformanceError` listing them all; it returns normally when the
-component conforms. The pytest plugin :mod:`rlpost.testing.pytest_plugin` provides a tiny SD3 policy for the checks
-that need one (``rlpost_tiny_policy``). rlpost's own suite runs the kit over every first-party component
+component conforms. Samplers, estimators and update rules are held to what they declare (``provides`` /
+``requires``, ``docs/writing_plugins.md`` "Capabilities"): a likelihood-free rule and a sampler without edge
+log-probs are not asked for what only the clipped surrogate needs. The pytest plugin
+:mod:`rlpost.testing.pytest_plugin` provides a tiny SD3 policy for the checks that need one
+(``rlpost_tiny_policy``). rlpost's own suite runs the kit over every first-party component
 (``tests/meta/test_conformance.py``); ``docs/writing_plugins.md`` ("Test your plugin with rlpost.testing") shows the
 rest.
 """

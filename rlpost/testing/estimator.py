@@ -2,10 +2,13 @@
 
 The runner hands an estimator the gathered rollout and the per-source scores and trains on what it returns, so:
 
-* it returns :class:`~rlpost.core.api.Advantages`: ``edges`` ``[E]`` finite floats, **zero on every non-trainable
-  edge** (those edges get no gradient, and a value there would be a silent bug), ``samples`` ``[S]`` finite floats,
+* it returns :class:`~rlpost.core.api.Advantages`: ``samples`` ``[S]`` finite floats, ``edges`` ``[E]`` finite
+  floats, **zero on every non-trainable edge** (those edges get no gradient, and a value there would be a silent bug),
   ``metrics`` a dict of floats;
-* scores that differ within every group give some trainable edge a non-zero advantage (it carries the signal);
+* scores that differ within every group give some sample a non-zero advantage (what a likelihood-free rule weights
+  its loss by), and, when the rollout has trainable edges (a sampler with ``edge-log-probs``), some trainable edge a
+  non-zero advantage (what a policy-gradient rule trains on): each carries the signal. A rollout without trainable
+  edges (a ``clean-samples``-only sampler's) needs no edge signal: its edge advantages are all zero by the rule above;
 * it mutates neither the rollout nor the scores (hooks and the logger read them afterwards);
 * it is deterministic: restoring its state and estimating again gives the same advantages (one process,
   ``docs/design.md`` "Determinism"); its state is pickle-free and survives ``load_state_dict(state_dict())``.
@@ -89,16 +92,22 @@ def _check_values(check: Checker, advantages: Advantages, rollout: Rollout) -> N
         frozen = ~rollout.trainable.to(edges.device)
         stray = int((edges[frozen] != 0).sum())
         check.expect(stray == 0, f"{stray} non-trainable edge(s) have a non-zero advantage (must be 0)")
-        trained = edges[rollout.trainable.to(edges.device)]
-        check.expect(
-            bool((trained != 0).any()),
-            "every trainable edge has advantage 0 although the scores differ within every group (no signal)",
-        )
+        if bool(rollout.trainable.any()):  # only policy-gradient rollouts have edges to carry the signal
+            trained = edges[rollout.trainable.to(edges.device)]
+            check.expect(
+                bool((trained != 0).any()),
+                "every trainable edge has advantage 0 although the scores differ within every group (no signal)",
+            )
     if check.expect(
         isinstance(samples, Tensor) and samples.shape == (s,) and samples.is_floating_point(),
         f"Advantages.samples must be a [{s}] float tensor, got {_shape(samples)}",
     ):
         check.expect(bool(torch.isfinite(samples).all()), "Advantages.samples holds non-finite values")
+        check.expect(
+            bool((samples != 0).any()),
+            "every sample has advantage 0 although the scores differ within every group (no signal for a "
+            "likelihood-free rule)",
+        )
     metrics = advantages.metrics
     if check.expect(isinstance(metrics, dict), f"Advantages.metrics must be a dict, got {type(metrics).__name__}"):
         bad = [k for k, v in metrics.items() if not isinstance(k, str) or not _real(v)]

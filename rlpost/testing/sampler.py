@@ -1,20 +1,32 @@
 """``check_sampler``: a :class:`~rlpost.core.api.Sampler` against its contract (``rlpost/core/api/sampler.py``,
 ``docs/writing_plugins.md``, ``docs/design.md`` "Component interfaces"), on a real (tiny) policy.
 
-What the engine relies on, each rule one violation when broken:
+What the engine relies on, each rule one violation when broken. Every sampler:
 
-* ``rollout`` returns a valid :class:`~rlpost.core.contract.Rollout` of the batch's groups (uint8 ``[S, H, W, 3]``
-  images, fp32 states, fp64 old log-probs, finite on every trainable edge, at least one trainable edge);
+* ``rollout`` returns a valid :class:`~rlpost.core.contract.Rollout` of the batch's groups (uint8
+  ``[S, F, H, W, 3]`` media, fp32 states);
 * the rollout's images, trainable edges and denoiser rows (``Policy.forward_count``) equal :meth:`Sampler.step_counts`,
   which never exceeds the worst case :meth:`Sampler.counts` (cost models and ``rlpost validate`` print these);
-* ``evaluate`` of the trainable edges before any update reproduces the old log-probs (importance ratio 1 within
-  ``ratio_tol``: ``docs/writing_plugins.md`` allows 1e-6), with gradients reaching the trainable parameters, one
-  reported forward per measured one, and as many as ``StepCounts.train_forwards``;
 * the same step and generator seeds give the same rollout (one process: ``docs/design.md``, "Determinism");
 * ``rollout_groups`` equals each group rolled out alone with its generator, merged (up to batching rounding), and
   refuses a wrong number of generators;
 * the state is pickle-free, ``load_state_dict(state_dict())`` restores it, and a restored sampler's next
   ``begin_step`` continues the same per-step sequence (what resuming needs).
+
+What else is checked follows the capabilities the sampler declares (``Sampler.provides``,
+:mod:`rlpost.core.api.capabilities`; ``docs/writing_plugins.md``, "Capabilities"):
+
+* ``edge-log-probs``: the sampler overrides :meth:`Sampler.evaluate`; the rollout has at least one trainable edge,
+  fp64 old log-probs finite on every trainable edge; ``evaluate`` of the trainable edges before any update reproduces
+  them (importance ratio 1 within ``ratio_tol``: ``docs/writing_plugins.md`` allows 1e-6), with gradients reaching
+  the trainable parameters, one reported forward per measured one, and as many as ``StepCounts.train_forwards``;
+  ``rollout_groups`` gives each group the old log-probs of the group rolled out alone.
+* no ``edge-log-probs``: the rollout marks no edge trainable (a policy-gradient rule would train edges whose
+  log-probs nobody can recompute; ``rlpost validate`` keeps such rules away from this sampler anyway).
+* ``clean-samples``: every sample node sits at noise level 0 (``sigmas[node_step] == 0``) and its state is what was
+  decoded (``Policy.decode(states[sample_node])`` equals ``media`` within ``pixel_tol`` levels): a likelihood-free
+  rule re-noises exactly these latents; ``rollout_groups`` gives each sample the clean latent of its group rolled
+  out alone.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlpost.core.api import EdgeEval, Policy, Sampler, StepCounts
+from rlpost.core.api import CLEAN_SAMPLES, EDGE_LOG_PROBS, EdgeEval, Policy, Sampler, StepCounts
 from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.core.merge import merge_rollouts
 from rlpost.core.plugin_errors import check_saveable
@@ -68,13 +80,24 @@ def check_sampler(
         ConformanceError: Listing every broken rule.
     """
     check = Checker("sampler", sampler)
+    provides = _provides(check, sampler)
+    edges, clean = EDGE_LOG_PROBS in provides, CLEAN_SAMPLES in provides
+    if edges:
+        check.expect(
+            type(sampler).evaluate is not Sampler.evaluate,
+            f"declares {EDGE_LOG_PROBS!r} (Sampler.provides) but does not override evaluate(): a policy-gradient rule "
+            "would call the default, which raises NotImplementedError",
+        )
     batch = prompt_batch(groups, samples_per_group)
     rollout, rows = _rollout(check, sampler, policy, batch, seed)
     state = check.call("state_dict()", sampler.state_dict)
     counts = _counts(check, sampler, groups, samples_per_group)
     if rollout is not None:
-        _check_rollout(check, rollout, batch, counts, rows)
-        _check_evaluate(check, sampler, policy, rollout, counts, ratio_tol)
+        _check_rollout(check, rollout, batch, counts, rows, edges)
+        if edges:
+            _check_evaluate(check, sampler, policy, rollout, counts, ratio_tol)
+        if clean:
+            _check_clean(check, policy, rollout, pixel_tol)
         again, _ = _rollout(check, sampler, policy, batch, seed)
         if again is not None:
             same = all(
@@ -82,11 +105,22 @@ def check_sampler(
                 for f in ("media", "states", "old_log_probs", "trainable", "edge_parent", "edge_child", "sample_node")
             )
             check.expect(same, "the same begin_step and rollout generator seeds gave a different rollout")
-    _check_groups(check, sampler, policy, groups, samples_per_group, seed, rtol, atol, pixel_tol)
+    _check_groups(check, sampler, policy, (groups, samples_per_group), seed, (rtol, atol, pixel_tol), provides)
     if state is not None:
         _check_state(check, sampler, state, groups, samples_per_group, seed)
     check.done()
     return rollout
+
+
+def _provides(check: Checker, sampler: Sampler) -> frozenset[str]:
+    """``sampler.provides``, when it is a set of capability names (a violation, and nothing provided, otherwise)."""
+    provides = getattr(sampler, "provides", None)
+    if not check.expect(
+        isinstance(provides, frozenset | set) and all(isinstance(c, str) for c in provides),
+        f"provides must be a frozenset of capability names (rlpost.core.api.capabilities), got {provides!r}",
+    ):
+        return frozenset()
+    return frozenset(provides)  # type: ignore[arg-type]
 
 
 def _rollout(
@@ -132,7 +166,12 @@ def _counts(check: Checker, sampler: Sampler, groups: int, per_group: int) -> tu
 
 
 def _check_rollout(
-    check: Checker, rollout: Rollout, batch: PromptBatch, counts: tuple[StepCounts, StepCounts] | None, rows: int
+    check: Checker,
+    rollout: Rollout,
+    batch: PromptBatch,
+    counts: tuple[StepCounts, StepCounts] | None,
+    rows: int,
+    edges: bool,
 ) -> None:
     check.expect(rollout.prompts == batch.prompts, "Rollout.prompts differ from the batch's prompts")
     check.expect(rollout.metadata == batch.metadata, "Rollout.metadata differ from the batch's metadata")
@@ -140,14 +179,22 @@ def _check_rollout(
     media = rollout.media
     check.expect(media.ndim == 5 and media.shape[-1] == 3, f"media must be [S, F, H, W, 3], got {list(media.shape)}")
     check.expect(rollout.states.dtype == torch.float32, f"states must be fp32, got {rollout.states.dtype}")
-    check.expect(
-        rollout.old_log_probs.dtype == torch.float64,
-        f"old_log_probs must be fp64 (an fp32 ulp exceeds the PPO clip range), got {rollout.old_log_probs.dtype}",
-    )
     trained = rollout.trainable.nonzero().flatten()
-    check.expect(trained.numel() > 0, "the rollout has no trainable edge: nothing would be trained")
-    bad = int((~torch.isfinite(rollout.old_log_probs[trained])).sum())
-    check.expect(bad == 0, f"{bad} trainable edge(s) have a non-finite old log-prob")
+    if edges:
+        check.expect(
+            rollout.old_log_probs.dtype == torch.float64,
+            f"old_log_probs must be fp64 (an fp32 ulp exceeds the PPO clip range), got {rollout.old_log_probs.dtype}",
+        )
+        check.expect(trained.numel() > 0, "the rollout has no trainable edge: nothing would be trained")
+        bad = int((~torch.isfinite(rollout.old_log_probs[trained])).sum())
+        check.expect(bad == 0, f"{bad} trainable edge(s) have a non-finite old log-prob")
+    else:
+        check.expect(
+            trained.numel() == 0,
+            f"the rollout marks {trained.numel()} edge(s) trainable, but the sampler does not provide "
+            f"{EDGE_LOG_PROBS!r}: nothing can recompute their log-probs (declare it and implement evaluate(), or mark "
+            "no edge trainable)",
+        )
     groups = set(rollout.sample_group.tolist())
     check.expect(groups == set(range(batch.num_groups)), f"samples cover groups {sorted(groups)}, not every group")
     same_group = bool(torch.equal(rollout.sample_group, rollout.node_group[rollout.sample_node]))
@@ -226,18 +273,50 @@ def _check_evaluate(
     check.expect(all(bool(torch.isfinite(g).all()) for g in moved), "evaluate() gives non-finite gradients")
 
 
+def _check_clean(check: Checker, policy: Policy, rollout: Rollout, pixel_tol: int) -> None:
+    """``clean-samples``: each sample node is at noise level 0 and holds the latent its media were decoded from."""
+    nodes = rollout.sample_node
+    steps = rollout.node_step[nodes]
+    inside = bool(((steps >= 0) & (steps < rollout.sigmas.numel())).all())
+    if not check.expect(inside, "node_step of a sample node is outside sigmas"):
+        return
+    noisy = int((rollout.sigmas[steps] != 0).sum())
+    check.expect(
+        noisy == 0,
+        f"{noisy} sample node(s) are not at noise level 0 (sigmas[node_step] != 0), but the sampler provides "
+        f"{CLEAN_SAMPLES!r}: a likelihood-free rule would re-noise a noisy latent as if it were clean",
+    )
+    with torch.no_grad():
+        decoded = check.call("Policy.decode(states[sample_node])", policy.decode, rollout.states[nodes])
+    if not isinstance(decoded, Tensor):
+        return
+    media = rollout.media
+    if not check.expect(
+        decoded.shape == media.shape,
+        f"Policy.decode(states[sample_node]) gives {list(decoded.shape)}, the rollout's media are {list(media.shape)}",
+    ):
+        return
+    diff = int((decoded.cpu().int() - media.int()).abs().max()) if media.numel() else 0
+    check.expect(
+        diff <= pixel_tol,
+        f"the media differ from Policy.decode(states[sample_node]) by {diff} levels (allowed {pixel_tol}): the sample "
+        f"nodes do not hold the latents that were decoded and scored, but the sampler provides {CLEAN_SAMPLES!r}",
+    )
+
+
 def _check_groups(
     check: Checker,
     sampler: Sampler,
     policy: Policy,
-    groups: int,
-    per_group: int,
+    shape: tuple[int, int],
     seed: int,
-    rtol: float,
-    atol: float,
-    pixel_tol: int,
+    tolerances: tuple[float, float, int],
+    provides: frozenset[str],
 ) -> None:
-    """``rollout_groups`` against one ``rollout`` per group with the same generators (offset as on a later rank)."""
+    """``rollout_groups`` against one ``rollout`` per group with the same generators (offset as on a later rank):
+    ``shape`` is (groups, samples per group), ``tolerances`` (rtol, atol, pixel_tol)."""
+    groups, per_group = shape
+    rtol, atol, pixel_tol = tolerances
     batch = prompt_batch(groups, per_group, group_offset=3)
 
     def gens() -> list[torch.Generator]:
@@ -269,6 +348,14 @@ def _check_groups(
         return
     diff = int((together.media.int() - alone.media.int()).abs().max()) if together.media.numel() else 0
     check.expect(diff <= pixel_tol, f"rollout_groups() media differ from per-group rollouts by {diff} levels")
+    if CLEAN_SAMPLES in provides:
+        a, b = (r.states[r.sample_node] for r in (together, alone))
+        check.expect(
+            a.shape == b.shape and bool(torch.allclose(a, b, rtol=rtol, atol=atol)),
+            "rollout_groups() clean samples (states[sample_node]) differ from the groups rolled out alone",
+        )
+    if EDGE_LOG_PROBS not in provides:
+        return
     for group in range(groups):
         a, b = (_group_log_probs(r, group) for r in (together, alone))
         if not check.expect(

@@ -106,6 +106,38 @@ ALLOWED: dict[tuple[str, str], str] = {
         "tests/unit/test_ratio_guard.py",
         "assert torch.equal(a.pop(key), b.pop(key)), key",
     ): "no-arithmetic",
+    # the loss guard leaves the run's generators untouched (byte tensors) and trains nothing (weights untouched)
+    (
+        "tests/unit/test_loss_guard.py",
+        "assert torch.equal(a.pop(key), b.pop(key)), key",
+    ): "no-arithmetic",
+    (
+        "tests/unit/test_loss_guard.py",
+        "assert weight.grad is None and torch.equal(weight, torch.ones(3))",
+    ): "no-arithmetic",
+    # two runners built alike in one process, one of which ran the loss guard: the same weights and copies
+    (
+        "tests/unit/test_loss_guard.py",
+        "assert torch.equal(x, y)",
+    ): "one-machine",
+    (
+        "tests/unit/test_loss_guard.py",
+        'assert all(torch.equal(copies_a["old"][k], copies_b["old"][k]) for k in copies_a["old"])',
+    ): "one-machine",
+    # bypassed speed-ups: the same eager computation as without them, in one process
+    (
+        "tests/unit/models/test_acceleration.py",
+        "assert out.dtype == torch.float32 and torch.equal(out, module.lin(x))",
+    ): "one-machine",
+    (
+        "tests/unit/models/test_acceleration.py",
+        "assert torch.equal(bypassed, reference)",
+    ): "one-machine",
+    # the conformance kit restores the trainable weights it changed (copies back)
+    (
+        "tests/unit/testing/test_checks.py",
+        "assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))  # the check restores the weights",
+    ): "no-arithmetic",
     # EMA: a skipped update, a swap and a state round-trip copy tensors (no arithmetic between the two sides)
     (
         "tests/unit/test_ema.py",

@@ -14,8 +14,8 @@ import torch
 
 from rlpost.apps.host import build_host
 from rlpost.engine import runner as runner_module
-from rlpost.engine.ratio_guard import SpeedupRatioError, training_path_ratios
-from rlpost.engine.recipe import parse_recipe, validate
+from rlpost.engine.ratio_guard import RatioCheck, RatioGuardEmptyError, SpeedupRatioError, training_path_ratios
+from rlpost.engine.recipe import RecipeError, parse_recipe, validate
 from rlpost.engine.runner import Runner
 from rlpost.models.acceleration import Speedups
 from tests.tolerances import FP32_ATOL, PIXEL_ATOL
@@ -105,7 +105,7 @@ def test_speedup_matches_the_plain_path(speedup: str, recipe: str, plain: dict[s
     runner = _runner(tmp_path, recipe, pairs)
     _compare(_first_step(runner), plain[recipe], tol)
     check = runner.ratio_check
-    assert check is not None and check.passed and check.edges > 0
+    assert isinstance(check, RatioCheck) and check.passed and check.edges > 0  # a policy-gradient rule's guard
     assert check.max_error <= tol["ratio"]
 
 
@@ -156,6 +156,37 @@ def test_the_tolerance_decides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     )
     runner.setup()
     assert runner.ratio_check is not None and 1e-3 < runner.ratio_check.max_error <= 0.5
+
+
+def test_a_guard_rollout_without_measurable_edges_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rollout whose trainable edges all lack a finite log-prob leaves the ratio guard nothing to measure: the run
+    is refused (exit 2) naming why, instead of passing every speed-up unchecked."""
+    from rlpost.apps import cli
+    from rlpost_dancegrpo.sampler import DanceGRPOSampler
+
+    honest = DanceGRPOSampler.rollout
+
+    def unmeasurable(self: DanceGRPOSampler, *args: Any, **kwargs: Any) -> Any:
+        out = honest(self, *args, **kwargs)
+        out.old_log_probs = torch.full_like(out.old_log_probs, float("nan"))
+        return out
+
+    monkeypatch.setattr(DanceGRPOSampler, "rollout", unmeasurable)
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "run"
+    argv = ["train", "--recipe", TINY_DANCE, "--run.output_dir", str(out), "--run.accelerate.vae_channels_last", "true"]
+    assert cli.main([*argv, "--rewards", SMOOTH_REWARD[1]]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        "run.accelerate: the ratio guard has nothing to measure: the guard's rollout of 1 group(s) has no trainable "
+        "edge with a finite log-prob (sampler 'dance': none of its 8 trainable edge(s) has a finite old log-prob for "
+        "this draw), so the speed-ups ['vae_channels_last'] cannot be checked"
+    ) in err
+    assert "Raise run.accelerate.guard_groups" in err and "Traceback" not in err
+    assert not (out / "metrics.jsonl").exists()
+    assert issubclass(RatioGuardEmptyError, RecipeError)
 
 
 def test_train_refuses_before_the_first_step(

@@ -132,3 +132,18 @@ def test_recipe_problems_name_the_field_and_the_missing_copy():
     assert "copies.ema.delay: must be >= 0" in text
     assert "optimizer 'nft' needs a weight copy 'old'" in text
     assert "'reference'" not in text.split("needs a weight copy")[-1].split("\n")[0].replace("'old'", "")
+
+
+def test_a_copy_used_between_a_live_forward_and_backward_keeps_the_gradient_right():
+    """Autograd saved the live parameter for backward; swapping a copy in and out (no grad) in between must neither
+    trip autograd's in-place check nor change the gradient."""
+    params = _params()
+    copies = EngineCopies(_Policy(params), params, {"old": CopyConfig(rate=0.0, cap=0.0)})
+    copies.shadows["old"][0].fill_(3.0)
+    live = params[0].pow(2).sum()  # pow saves params[0] itself for backward
+    with copies.use("old"):
+        old = params[0].pow(2).sum()
+    live.backward()
+    assert params[0].grad is not None
+    torch.testing.assert_close(params[0].grad, 2 * params[0].detach())
+    assert float(old) == pytest.approx(9.0 * 12)

@@ -50,7 +50,7 @@ def _restore_attention_backend() -> Iterator[None]:
 def test_defaults_are_off_and_valid() -> None:
     settings = AccelerateConfig()
     assert settings.enabled() == [] and settings.problems("cpu") == []
-    assert settings.ratio_tolerance == 1e-3 and settings.labels() == []
+    assert settings.ratio_tolerance == 1e-3 and settings.loss_tolerance == 1e-3 and settings.labels() == []
 
 
 def test_overlap_is_labelled_for_reports_but_does_not_wake_the_guard() -> None:
@@ -78,6 +78,8 @@ def test_gpu_only_speedups_are_refused_on_a_cpu_naming_the_field() -> None:
         (AccelerateConfig(autocast="float16"), "accelerate.autocast: float16 in the training path"),
         (AccelerateConfig(ratio_tolerance=0.0), "accelerate.ratio_tolerance: must be a positive"),
         (AccelerateConfig(ratio_tolerance=float("nan")), "accelerate.ratio_tolerance: must be a positive"),
+        (AccelerateConfig(loss_tolerance=-1e-3), "accelerate.loss_tolerance: must be a positive"),
+        (AccelerateConfig(loss_tolerance=float("inf")), "accelerate.loss_tolerance: must be a positive"),
         (AccelerateConfig(guard_groups=0), "accelerate.guard_groups: must be >= 1"),
     ],
 )
@@ -163,6 +165,50 @@ def test_autocast_applies_on_its_scope_only() -> None:
     with torch.no_grad():
         assert speedups.call(lin, x).dtype == torch.bfloat16
     assert speedups.call(lin, x).dtype == torch.float32  # gradients on: the training path, no autocast
+
+
+def test_bypassed_calls_run_as_without_speedups() -> None:
+    """Inside ``bypassed()`` no autocast and no compiled code on either path (the loss guard's reference); outside,
+    the speed-ups again. Nested contexts restore on the outer exit only."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    module = _Counted()
+    counter = CompileCounter()
+    module.compile(backend=counter)
+    speedups = Speedups(AccelerateConfig(compile="both", autocast="bfloat16"), torch.device("cpu"))
+    x = torch.randn(2, 4)
+    with speedups.bypassed():
+        with speedups.bypassed():
+            for grad in (False, True):
+                with torch.set_grad_enabled(grad):
+                    out = speedups.call(module, x)[0]
+                assert out.dtype == torch.float32 and torch.equal(out, module.lin(x))
+        assert speedups.call(module, x)[0].dtype == torch.float32  # still bypassed: the outer context is open
+    assert counter.frame_count == 0  # nothing was compiled while bypassed
+    assert speedups.call(module, x)[0].dtype == torch.bfloat16 and counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+def test_policy_without_speedups_equals_the_plain_policy(make_sd3_policy: Callable[..., Any]) -> None:
+    """``Accelerable.without_speedups``: bf16 autocast and a restricted SDPA kernel are off inside it, so the
+    accelerated policy's velocity equals the plain policy's bit for bit; outside it they differ."""
+    lora = LoraSpec(rank=4, alpha=8)
+    plain, fast = make_sd3_policy(lora=lora), make_sd3_policy(lora=lora)
+    with plain.without_speedups():  # nothing applied: a no-op
+        pass
+    fast.accelerate(AccelerateConfig(autocast="bfloat16", attention_backend="_native_math"))
+    assert isinstance(fast, Accelerable)
+    latents = plain.initial_noise(2, torch.Generator().manual_seed(0))
+    sigma = torch.full((2,), 0.5)
+    cond = plain.encode(["a cat", "a dog"])
+    with torch.no_grad():
+        reference = plain.velocity(latents, sigma, cond)
+        with fast.without_speedups():
+            bypassed = fast.velocity(latents, sigma, fast.encode(["a cat", "a dog"]))
+        accelerated = fast.velocity(latents, sigma, fast.encode(["a cat", "a dog"]))
+    assert torch.equal(bypassed, reference)
+    assert not torch.equal(accelerated, reference)
 
 
 # ------------------------------------------------------------------------------------------------ hooks

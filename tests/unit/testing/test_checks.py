@@ -1,7 +1,9 @@
 """The conformance kit (``rlpost.testing``) can fail: each check passes a conforming component and names the broken
 rule of a planted one. The toy components (``tests/toy_components.py``) and the first-party estimator and update rule
-are the conforming baselines; each planted component breaks one rule of its kind. (That every registered first-party
-component passes: ``tests/meta/test_conformance.py``.)"""
+are the conforming baselines, a policy-gradient pair (``toy-chain`` with ``edge-log-probs``, the clipped surrogate)
+and a likelihood-free pair (``toy-clean`` with ``clean-samples`` only, ``toy-flow-matching``); each planted component
+breaks one rule of its kind. (That every registered first-party component passes: ``tests/meta/test_conformance.py``.)
+"""
 
 from __future__ import annotations
 
@@ -12,7 +14,17 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from rlpost import Advantages, EdgeEval, PromptSource, UpdateContext, UpdateResult
+from rlpost import (
+    Advantages,
+    EdgeEval,
+    PolicyOptimizer,
+    PromptSource,
+    Sampler,
+    StepCounts,
+    TrainCounts,
+    UpdateContext,
+    UpdateResult,
+)
 from rlpost.components.clipped_surrogate import ClippedSurrogate
 from rlpost.components.group_zscore import GroupZScoreAdvantage
 from rlpost.testing import (
@@ -25,7 +37,7 @@ from rlpost.testing import (
     check_update_rule,
     sample_rollout,
 )
-from tests.toy_components import ToyChainSampler, ToyMeanReward, ToyPolicy
+from tests.toy_components import ToyChainSampler, ToyCleanSampler, ToyFlowMatching, ToyMeanReward, ToyPolicy
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +69,20 @@ def test_the_conforming_baselines_pass(policy):
     check_update_rule(ClippedSurrogate(clip_range=0.2), policy, sampler)
     check_advantage_estimator(GroupZScoreAdvantage(), _partly_trainable(sampler, policy))
     check_prompt_source(_Prompts([("a cat", {}), ("a dog", {"digit": 3})]))
+
+
+def test_the_likelihood_free_baselines_pass(policy):
+    """A sampler without edge-log-probs, an estimator on its edge-less rollout and a likelihood-free rule with a weight
+    copy conform: nothing of the clipped surrogate's contract (evaluate, trainable edges, edge advantages, the
+    sampler's train_forwards) is asked of them."""
+    sampler = ToyCleanSampler()
+    rollout = check_sampler(sampler, policy)
+    assert rollout is not None and not bool(rollout.trainable.any())
+    clean = sample_rollout(sampler, policy, groups=2, samples_per_group=3)
+    check_advantage_estimator(GroupZScoreAdvantage(), clean)
+    check_advantage_estimator(Silent(), clean)  # zero edge advantages are right where no edge is trainable
+    check_update_rule(ToyFlowMatching(kl_coef=0.5, minibatch_samples=3), policy, sampler, samples_per_group=3)
+    check_update_rule(ToyFlowMatching(), policy, ToyChainSampler())  # clean samples of a policy-gradient sampler
 
 
 # ------------------------------------------------------------------------------------------------- samplers
@@ -143,9 +169,56 @@ class Float32LogProbs(ToyChainSampler):
         return out
 
 
+class NoEvaluate(ToyChainSampler):
+    """Declares edge-log-probs but keeps the default evaluate (which raises)."""
+
+    name: ClassVar[str] = "no-evaluate"
+    evaluate = Sampler.evaluate
+
+
+class TrainableWithoutLogProbs(ToyCleanSampler):
+    """Marks its deterministic edges trainable without providing edge-log-probs."""
+
+    name: ClassVar[str] = "trainable-without-log-probs"
+
+    def rollout(self, policy: Any, batch: Any, generator: torch.Generator) -> Any:
+        out = super().rollout(policy, batch, generator)
+        return replace(out, trainable=torch.ones_like(out.trainable))
+
+    def counts(self, num_groups: int, samples_per_group: int) -> StepCounts:
+        n = num_groups * samples_per_group * self.num_steps
+        return replace(super().counts(num_groups, samples_per_group), trainable_edges=n)
+
+
+class PenultimateSamples(ToyCleanSampler):
+    """Points its samples at the nodes one step before the end (still noisy), though it decoded the last ones."""
+
+    name: ClassVar[str] = "penultimate-samples"
+
+    def rollout(self, policy: Any, batch: Any, generator: torch.Generator) -> Any:
+        out = super().rollout(policy, batch, generator)
+        return replace(out, sample_node=out.sample_node - out.num_samples)
+
+
+class ReDecoded(ToyCleanSampler):
+    """Scores media that are not the decoded clean latents (brightened after decoding)."""
+
+    name: ClassVar[str] = "re-decoded"
+
+    def rollout(self, policy: Any, batch: Any, generator: torch.Generator) -> Any:
+        out = super().rollout(policy, batch, generator)
+        return replace(out, media=out.media.clamp(max=200) + 50)
+
+
 @pytest.mark.parametrize(
     ("sampler", "expected"),
     [
+        (NoEvaluate(), "declares 'edge-log-probs' (Sampler.provides) but does not override evaluate()"),
+        (NoEvaluate(), "evaluate() raised NotImplementedError"),
+        (TrainableWithoutLogProbs(), "edge(s) trainable, but the sampler does not provide 'edge-log-probs'"),
+        (PenultimateSamples(), "sample node(s) are not at noise level 0"),
+        (PenultimateSamples(), "the media differ from Policy.decode(states[sample_node])"),
+        (ReDecoded(), "the media differ from Policy.decode(states[sample_node]) by 50 levels"),
         (Miscounting(), "samples, step_counts().images = 5"),
         (Miscounting(), "step_counts().images = 5 exceeds counts().images = 4"),
         (DriftingEvaluate(), "importance ratios off 1"),
@@ -210,6 +283,12 @@ class HiddenState(GroupZScoreAdvantage):
         return Advantages(out.edges * self.calls, out.samples, out.metrics)
 
 
+class SilentSamples(GroupZScoreAdvantage):
+    def estimate(self, rollout: Any, scores: Any) -> Advantages:
+        out = super().estimate(rollout, scores)
+        return Advantages(out.edges, torch.zeros_like(out.samples), out.metrics)
+
+
 class ShortEdges(GroupZScoreAdvantage):
     def estimate(self, rollout: Any, scores: Any) -> Advantages:
         out = super().estimate(rollout, scores)
@@ -223,6 +302,7 @@ class ShortEdges(GroupZScoreAdvantage):
         (LeakyFrozenEdges(), "non-trainable edge(s) have a non-zero advantage"),
         (NaNAdvantages(), "Advantages.edges holds non-finite values"),
         (Silent(), "every trainable edge has advantage 0"),
+        (SilentSamples(), "every sample has advantage 0"),
         (HiddenState(), "estimate() after restoring the state gives other advantages"),
         (ShortEdges(), "Advantages.edges must be a [18] float tensor"),
         (ShortEdges(), "Advantages.metrics values must be floats"),
@@ -341,6 +421,65 @@ def test_check_update_rule_names_the_broken_rule(policy, rule, expected):
     _assert_names(_violations(check_update_rule, rule, policy, ToyChainSampler()), expected)
     after = policy.trainable_parameters()
     assert all(torch.allclose(a, b) for a, b in zip(after, before, strict=True))  # the check restores the weights
+
+
+class MiscountedCopy(ToyFlowMatching):
+    """Says its update evaluates the copy ``old`` twice per trained row; it evaluates it once."""
+
+    def train_counts(self, counts: StepCounts) -> TrainCounts:
+        out = super().train_counts(counts)
+        return TrainCounts(out.grad_rows, {"old": 2 * out.grad_rows})
+
+
+class UndeclaredCopy(ToyFlowMatching):
+    """Evaluates the copy ``old`` without naming it in required_copies (no recipe would be made to declare it)."""
+
+    def required_copies(self) -> frozenset[str]:
+        return frozenset()
+
+
+class RollsOutUnderAnUndeclaredCopy(ToyFlowMatching):
+    def rollout_copy(self, step: int) -> str | None:
+        return "ema"
+
+
+class SanitisesCleanSamples(ToyFlowMatching):
+    """Replaces non-finite clean latents by zeros: a NaN sample trains silently instead of being counted."""
+
+    def update(self, ctx: UpdateContext) -> Any:
+        states = ctx.rollout.states.nan_to_num()
+        return super().update(replace(ctx, rollout=replace(ctx.rollout, states=states)))
+
+
+class LikelihoodFreeWithoutRequires(ToyFlowMatching):
+    """A likelihood-free rule that forgot to declare requires: it gets the default, edge-log-probs."""
+
+    requires = PolicyOptimizer.requires  # what a rule declaring nothing gets
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        (MiscountedCopy(kl_coef=0.5), "reference_forwards = 8, but train_counts().nograd_total = 16"),
+        (MiscountedCopy(kl_coef=0.5), "differ from train_counts().nograd_rows = {'old': 16}"),
+        (MiscountedCopy(kl_coef=0.5), "16 denoiser rows ran (Policy.forward_count), but train_counts() says"),
+        (UndeclaredCopy(kl_coef=0.5), "update() raised KeyError"),
+        (UndeclaredCopy(kl_coef=0.5), "train_counts().nograd_rows names copies ['old']"),
+        (RollsOutUnderAnUndeclaredCopy(), "rollout_copy(0) = 'ema' names no weight copy the rule declares"),
+        (SanitisesCleanSamples(), "with NaN clean samples, update() changed the weights"),
+        (SanitisesCleanSamples(), "with NaN clean samples, neither UpdateResult.nonfinite_losses nor the backend"),
+        (
+            LikelihoodFreeWithoutRequires(),
+            "requires ['edge-log-probs'] (PolicyOptimizer.requires = ['edge-log-probs'])",
+        ),
+    ],
+    ids=lambda x: type(x).__name__ if not isinstance(x, str) else "",
+)
+def test_check_update_rule_names_the_broken_likelihood_free_rule(policy, rule, expected):
+    before = [p.detach().clone() for p in policy.trainable_parameters()]
+    _assert_names(_violations(check_update_rule, rule, policy, ToyCleanSampler()), expected)
+    after = policy.trainable_parameters()
+    assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))  # the check restores the weights
 
 
 # ------------------------------------------------------------------------------------------------- policies
