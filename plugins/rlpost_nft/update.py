@@ -233,8 +233,8 @@ class NFTUpdate(PolicyOptimizer):
         """Forward/backward of one minibatch of samples at each of their kept timesteps; adds the summed metrics to
         ``stats`` and returns the number of non-finite losses kept from ``backward``.
 
-        The copies' velocities of every timestep come first, each copy swapped in once: swapping weights in place
-        after the live forward would invalidate the saved tensors of its backward.
+        The copies' velocities at every kept timestep of the minibatch come first, each copy swapped in once per
+        minibatch: a swap copies the whole trainable set in and back (the transformer, under full fine-tuning).
         """
         policy, device = ctx.policy, ctx.policy.device
         x0 = batch.x0[chunk]
