@@ -52,6 +52,7 @@ from rlpost.core.api import (
     UpdateContext,
     UpdateResult,
     WeightCopies,
+    resolve_guidance,
 )
 from rlpost.core.context import RecipeView, RunContext, RunSettings, RunStatus
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
@@ -85,7 +86,8 @@ from rlpost.ops.training_noise import (
 if TYPE_CHECKING:  # imported on first use (below): they pull in diffusers/transformers
     from rlpost.models._common import DiffusersTransformerPolicy, PromptCache
     from rlpost.models.adapter_settings import DTypeName, LoraSpec, resolve_dtype
-    from rlpost.models.flux import FluxPolicy, flux_mu, flux_sigmas, pack_latents, unpack_latents
+    from rlpost.models.flux import FluxPolicy
+    from rlpost.models.packed_latents import PackedLatentPolicy, flux_mu, flux_sigmas, pack_latents, unpack_latents
     from rlpost.models.pipeline_dir import cached_snapshot, check_pipeline_dir, read_config
     from rlpost.models.sd3 import SD3Policy
     from rlpost.models.tiny import assemble_sd3_pipeline, ensure_tiny_model
@@ -111,6 +113,7 @@ __all__ = [
     "InvalidArguments",
     "LogProbReduction",
     "LoraSpec",
+    "PackedLatentPolicy",
     "Policy",
     "PolicyOptimizer",
     "PromptBatch",
@@ -165,6 +168,7 @@ __all__ = [
     "pack_latents",
     "random_step_subset",
     "resolve_dtype",
+    "resolve_guidance",
     "rollout_chains",
     "run_chains",
     "sd3_tokenizers",
@@ -195,6 +199,7 @@ _LAZY = {
     "DTypeName": "rlpost.models.adapter_settings",
     "FluxPolicy": "rlpost.models.flux",
     "LoraSpec": "rlpost.models.adapter_settings",
+    "PackedLatentPolicy": "rlpost.models.packed_latents",
     "PromptCache": "rlpost.models._common",
     "SD3Policy": "rlpost.models.sd3",
     "build_clip_tokenizer": "rlpost.models.tiny_text",
@@ -205,10 +210,10 @@ _LAZY = {
     "assemble_sd3_pipeline": "rlpost.models.tiny",
     "build_text_encoders": "rlpost.models.tiny_text",
     "ensure_tiny_model": "rlpost.models.tiny",
-    "flux_mu": "rlpost.models.flux",
-    "flux_sigmas": "rlpost.models.flux",
-    "pack_latents": "rlpost.models.flux",
-    "unpack_latents": "rlpost.models.flux",
+    "flux_mu": "rlpost.models.packed_latents",
+    "flux_sigmas": "rlpost.models.packed_latents",
+    "pack_latents": "rlpost.models.packed_latents",
+    "unpack_latents": "rlpost.models.packed_latents",
     "sd3_tokenizers": "rlpost.models.tiny_text",
     "t5_vocab": "rlpost.models.tiny_text",
 }

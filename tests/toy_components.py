@@ -23,6 +23,7 @@ from rlpost.core.api import (
     RewardSource,
     Sampler,
     StepCounts,
+    resolve_guidance,
 )
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout
 from rlpost.ops.kernels import make_kernel
@@ -30,16 +31,19 @@ from rlpost.ops.sampling import RolloutBuilder, evaluate_edges
 
 
 class ToyPolicy(Policy):
-    """Velocity ``v = a * x + b_prompt`` with trainable ``a`` and per-prompt-hash bias.
+    """Velocity ``v = a * x + b_prompt`` with trainable ``a`` and per-prompt-hash bias; with ``guidance_scale > 1``,
+    classifier-free guidance against a constant negative-prompt bias (``negative_bias``), as SD3 combines it.
 
     Args:
         scale: Initial value of ``a``.
+        guidance_scale: The configured (rollout) guidance; ``> 1`` turns CFG on.
     """
 
     name: ClassVar[str] = "toy-policy"
 
-    def __init__(self, scale: float = -1.0) -> None:
+    def __init__(self, scale: float = -1.0, guidance_scale: float = 1.0) -> None:
         self.scale = scale
+        self.guidance_scale = guidance_scale
         self.a: nn.Parameter | None = None
         self.forward_count = 0
 
@@ -58,12 +62,19 @@ class ToyPolicy(Policy):
 
     def encode(self, prompts: Sequence[str]) -> Conditioning:
         bias = torch.tensor([(sum(map(ord, p)) % 7) / 7.0 for p in prompts])
-        return Conditioning({"bias": bias})
+        if self.guidance_scale <= 1.0:
+            return Conditioning({"bias": bias})
+        return Conditioning({"bias": bias, "negative_bias": torch.full((len(prompts),), -0.5)})
 
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance: float | None = None) -> Tensor:
         assert self.a is not None
+        scale = resolve_guidance(guidance, self.guidance_scale, can_guide=self.guidance_scale > 1.0)
         self.forward_count += latents.shape[0]
-        return self.a * latents + cond.tensors["bias"].view(-1, 1, 1, 1)
+        text = self.a * latents + cond.tensors["bias"].view(-1, 1, 1, 1)
+        if scale <= 1.0:
+            return text
+        uncond = self.a * latents + cond.tensors["negative_bias"].view(-1, 1, 1, 1)
+        return uncond + scale * (text - uncond)
 
     def decode(self, latents: Tensor) -> Tensor:
         img = ((latents.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)

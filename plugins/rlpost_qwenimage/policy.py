@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -28,18 +28,13 @@ from torch import Tensor
 from rlpost import (
     TIME_GRIDS,
     Conditioning,
-    DiffusersTransformerPolicy,
     DTypeName,
     LoraSpec,
+    PackedLatentPolicy,
     Range,
     TimeGrid,
     clean_tail_steps,
-    flux_mu,
-    flux_sigmas,
-    pack_latents,
     read_config,
-    shifted_linspace_sigmas,
-    timesteps_from_sigmas,
     unpack_latents,
 )
 from rlpost_qwenimage.tiny import TINY_VAE_FACTOR, ensure_tiny_qwenimage
@@ -80,7 +75,7 @@ def _stack_rows(rows: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     return embeds, mask
 
 
-class QwenImagePolicy(DiffusersTransformerPolicy):
+class QwenImagePolicy(PackedLatentPolicy):
     """Qwen-Image (double-stream MMDiT over a Qwen2.5-VL text encoder) loaded with ``QwenImagePipeline``.
 
     Args:
@@ -89,8 +84,9 @@ class QwenImagePolicy(DiffusersTransformerPolicy):
         dtype: Weight dtype. ``auto`` = bfloat16 on CUDA, float32 on CPU. Means and log-probs are fp32 either way.
         resolution: Image height and width in pixels (a multiple of 2 x the VAE factor: 16 for Qwen-Image).
         true_cfg_scale: Classifier-free guidance scale ``w`` of QwenImagePipeline (``true_cfg_scale``); ``> 1`` turns
-            guidance on (one more transformer row per row, with ``negative_prompt``). The pipeline's default and the
-            Qwen-Image model card's value: 4.0.
+            guidance on (one more transformer row per row, with ``negative_prompt``) for rollouts; a ``velocity``
+            call's ``guidance`` replaces it for that call. The pipeline's default and the Qwen-Image model card's
+            value: 4.0.
         negative_prompt: Prompt of the unconditional branch (the model card's ``" "``: "an empty string if you do
             not have a specific concept to remove").
         lora: Train a LoRA adapter on the transformer with these settings; ``null`` for none.
@@ -111,6 +107,8 @@ class QwenImagePolicy(DiffusersTransformerPolicy):
     pipeline_class: ClassVar[str] = "QwenImagePipeline"
     required_components: ClassVar[tuple[str, ...]] = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer")
     weighted_components: ClassVar[tuple[str, ...]] = ("transformer", "vae", "text_encoder")
+    family: ClassVar[str] = "Qwen-Image"
+    tiny_vae_factor: ClassVar[int] = TINY_VAE_FACTOR  # built on first use from known configs (rlpost_qwenimage.tiny)
 
     def __init__(
         self,
@@ -144,7 +142,6 @@ class QwenImagePolicy(DiffusersTransformerPolicy):
         )
         self.negative_prompt = negative_prompt
         self._rows: dict[str, Tensor] = {}  # per prompt string: its [L, D] embedding, padding removed
-        self._sigmas: dict[int, Tensor] = {}
 
     # ------------------------------------------------------------------------------------------------ set-up
 
@@ -168,85 +165,18 @@ class QwenImagePolicy(DiffusersTransformerPolicy):
         near-clean level like SD3's ``σ_min``; ``"shifted-linspace"``: 1. ``None`` for an unknown grid name."""
         return clean_tail_steps(self.time_grid) if self.time_grid in TIME_GRIDS else None
 
-    def validate(self, recipe: Any) -> list[str]:
-        """Check the settings, the model directory (local, or a hub id's snapshot in the local cache: its pipeline
-        class, components and configs) and that the resolution fits the VAE factor (read from its config) and the
-        2x2 packing, without loading weights."""
-        problems = self._setting_problems()
-        if self.shift is not None and self.time_grid == "diffusers":
-            problems.append(
-                "model.init_args.shift: the 'diffusers' Qwen-Image grid shifts by e^mu from the resolution; set "
-                "shift only with time_grid 'shifted-linspace' (or leave it null)"
-            )
-        try:
-            directory = self._pretrained_dir()
-            if directory is not None:
-                vae_factor: int | None = _vae_factor(directory)
-            elif self.pretrained == "tiny-random" or self.pretrained.startswith("tiny-random:"):
-                vae_factor = TINY_VAE_FACTOR  # built on first use from known configs (rlpost_qwenimage.tiny)
-            else:
-                vae_factor = None  # a hub id setup() may download: nothing local to read
-        except (ValueError, OSError) as e:  # a malformed tiny id; ModelDirError (an OSError) naming what is missing
-            return [*problems, f"model.init_args.pretrained: {e}"]
-        return problems + ([] if vae_factor is None else self._resolution_problems(vae_factor))
-
-    def _resolution_problems(self, vae_factor: int) -> list[str]:
-        factor = 2 * vae_factor
-        if self.resolution % factor:
-            return [
-                f"model.init_args.resolution: {self.resolution} is not a multiple of {factor} "
-                f"(VAE factor {vae_factor} x 2x2 latent packing)"
-            ]
-        return []
+    def _vae_factor_of(self, directory: Path) -> int:
+        return _vae_factor(directory)
 
     def setup(self, device: torch.device) -> None:
-        """Load the pipeline, move it to ``device`` in the weight dtype and prepare LoRA / full FT / reference.
-
-        Raises:
-            ModelDirError: The local directory is missing or malformed (the message names what is missing).
-            OSError: diffusers could not load the model (wrapped with the path or hub id).
-            ValueError: The resolution does not fit the VAE and the 2x2 packing.
-        """
-        pipe = self._load_pipeline(device)
-        self._prepare(pipe, pipe.vae_scale_factor * 2, "VAE factor x 2x2 latent packing")
+        """:meth:`rlpost.PackedLatentPolicy.setup` (raises what it raises), with the prompt cache emptied."""
+        super().setup(device)
         self._rows.clear()
-        self._sigmas.clear()
 
     def _build_tiny(self, seed: int) -> Path:
         return ensure_tiny_qwenimage(seed)
 
-    @property
-    def latent_shape(self) -> tuple[int, int, int]:
-        """``(C, H/f, W/f)`` of one *unpacked* latent (``C`` = transformer input channels / 4 = the VAE's ``z_dim``)."""
-        f = self.pipe.vae_scale_factor
-        side = 2 * (self.resolution // (2 * f))
-        return (self.transformer.config.in_channels // 4, side, side)
-
-    @property
-    def image_seq_len(self) -> int:
-        """Number of packed image tokens, ``(H/2f)·(W/2f)``: what ``mu`` is computed from."""
-        _, h, w = self.latent_shape
-        return (h // 2) * (w // 2)
-
-    @property
-    def mu(self) -> float:
-        """The resolution-dependent shift parameter of the ``"diffusers"`` grid: QwenImagePipeline calls the same
-        ``calculate_shift`` as FluxPipeline with its scheduler config's bounds (:func:`rlpost.flux_mu`)."""
-        return flux_mu(self.image_seq_len, self.pipe.scheduler.config)
-
     # ------------------------------------------------------------------------------------------------ policy
-
-    def sigmas(self, num_steps: int) -> Tensor:
-        """``"diffusers"``: exactly QwenImagePipeline's sigmas at this resolution (the pipeline's scheduler given
-        ``linspace(1, 1/T, T)`` and :attr:`mu`, :func:`rlpost.flux_sigmas`); ``"shifted-linspace"``: the static grid
-        with ``shift`` (else the config's)."""
-        cfg = self.pipe.scheduler.config
-        if self.time_grid == "diffusers":
-            if num_steps not in self._sigmas:
-                self._sigmas[num_steps] = flux_sigmas(num_steps, self.mu, cfg)
-            return self._sigmas[num_steps].to(self.device, copy=True)
-        shift = float(cfg.shift) if self.shift is None else self.shift
-        return shifted_linspace_sigmas(num_steps, shift).to(self.device)
 
     def encode(self, prompts: Sequence[str]) -> Conditioning:
         """Encode prompts with the pipeline's ``encode_prompt``, cached per prompt string.
@@ -281,11 +211,11 @@ class QwenImagePolicy(DiffusersTransformerPolicy):
         lengths = [embeds.shape[1]] * len(prompts) if mask is None else mask.sum(dim=1).tolist()
         return [embeds[i, : int(n)].detach() for i, n in enumerate(lengths)]
 
-    def _text_inputs(self, t: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
-        """Encoder states and mask of the transformer batch (``[negative; prompt]`` rows with guidance), trimmed to
-        the longest row; the mask is ``None`` when no row is padded, as the pipeline passes it."""
+    def _text_inputs(self, t: dict[str, Tensor], cfg: bool) -> tuple[Tensor, Tensor | None]:
+        """Encoder states and mask of the transformer batch (``[negative; prompt]`` rows with guidance, ``cfg``),
+        trimmed to the longest row; the mask is ``None`` when no row is padded, as the pipeline passes it."""
         enc, mask = t["prompt_embeds"], t["prompt_embeds_mask"]
-        if self.do_cfg:
+        if cfg:
             neg, neg_mask = t["negative_prompt_embeds"], t["negative_prompt_embeds_mask"]
             length = max(enc.shape[1], neg.shape[1])
             enc = torch.cat([_pad_to(neg, length), _pad_to(enc, length)])
@@ -294,7 +224,7 @@ class QwenImagePolicy(DiffusersTransformerPolicy):
         enc, mask = enc[:, :keep].to(self.device, self._dtype), mask[:, :keep].to(self.device)
         return enc, None if bool(mask.all()) else mask
 
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance: float | None = None) -> Tensor:
         """Velocity at ``(latents, σ)`` in fp32, image-shaped like ``latents``.
 
         Packs the latents into 2x2 tokens and calls the transformer with ``timestep = (1000·σ)/1000`` (as the
@@ -308,17 +238,19 @@ class QwenImagePolicy(DiffusersTransformerPolicy):
             latents: ``[B, C, h, w]`` states.
             sigma: ``[B]`` noise levels.
             cond: ``B`` rows of conditioning from :meth:`encode` (``Conditioning.select``).
+            guidance: ``None``: ``true_cfg_scale``; ``1.0``: the prompt rows alone (one pass over ``B`` rows, no
+                rescaling, as the pipeline at ``true_cfg_scale`` 1); ``w > 1``: guidance at ``w`` with the rescaling
+                (needs ``true_cfg_scale > 1``, so that ``encode`` computed the negative rows).
+
+        Raises:
+            ValueError: A ``guidance`` below 1 or not finite, or above 1 when ``true_cfg_scale`` is not.
         """
-        b, _, h, w = latents.shape
-        t = cond.tensors
-        if t["prompt_embeds"].shape[0] != b:
-            raise ValueError(f"velocity: {b} latents but {t['prompt_embeds'].shape[0]} conditioning rows")
-        sigma = sigma.to(self.device, torch.float32).reshape(-1).expand(b)
-        tokens = pack_latents(latents.to(self.device, self._dtype))
-        # QwenImagePipeline: t = 1000·σ (fp32), cast to the latents' dtype, then divided by 1000.
-        timestep = timesteps_from_sigmas(sigma).to(self._dtype) / 1000
-        enc, mask = self._text_inputs(t)
-        if self.do_cfg:
+        _, _, h, w = latents.shape
+        tokens, timestep = self._packed_inputs(latents, sigma, cond)
+        b = tokens.shape[0]
+        scale = self._cfg_scale(guidance, "model.init_args.true_cfg_scale")
+        enc, mask = self._text_inputs(cond.tensors, scale > 1.0)
+        if scale > 1.0:
             tokens, timestep = torch.cat([tokens, tokens]), torch.cat([timestep, timestep])
         out: Tensor = self._active_transformer()(
             hidden_states=tokens,
@@ -330,9 +262,9 @@ class QwenImagePolicy(DiffusersTransformerPolicy):
         )[0]
         self.forward_count += b
         out = out.float()
-        if self.do_cfg:
+        if scale > 1.0:
             uncond, text = out.chunk(2)
-            combined = uncond + self.guidance_scale * (text - uncond)
+            combined = uncond + scale * (text - uncond)
             out = combined * (text.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
         return unpack_latents(out, h, w)
 

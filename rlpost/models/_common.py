@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlpost.core.api import InvalidArguments, Policy
+from rlpost.core.api import InvalidArguments, Policy, resolve_guidance
 from rlpost.models.acceleration import AccelerateConfig, Speedups
 from rlpost.models.adapter_settings import DTypeName, LoraSpec, resolve_dtype
 from rlpost.models.pipeline_dir import (
@@ -305,6 +305,12 @@ class DiffusersTransformerPolicy(Policy):
         pipelines' ``prepare_latents`` (diffusers ``randn_tensor``) do, so the same generator gives their noise."""
         noise = torch.randn((num, *self.latent_shape), generator=generator, device=generator.device)
         return noise.to(self.device, torch.float32)
+
+    def _cfg_scale(self, guidance: float | None, setting: str = "model.init_args.guidance_scale") -> float:
+        """The classifier-free guidance scale of one ``velocity`` call (:func:`~rlpost.core.api.resolve_guidance`):
+        the configured scale for ``None``; a scale above 1 only when ``encode`` computed the negative rows (the
+        configured scale is above 1, the pipelines' rule). CFG runs when the result is above 1."""
+        return resolve_guidance(guidance, self.guidance_scale, can_guide=self.guidance_scale > 1.0, setting=setting)
 
     def _active_transformer(self) -> Any:
         """The denoiser ``velocity`` calls: the frozen copy inside :meth:`reference` under full fine-tuning; with

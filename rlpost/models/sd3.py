@@ -195,23 +195,29 @@ class SD3Policy(DiffusersTransformerPolicy):
             out |= {"negative_prompt_embeds": npe, "negative_pooled_prompt_embeds": npp}
         return out
 
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance: float | None = None) -> Tensor:
         """Velocity at ``(latents, σ)`` with CFG ``v_u + g·(v_c - v_u)`` (the pipeline's formula), in fp32.
 
         Args:
             latents: ``[B, C, h, w]`` states.
             sigma: ``[B]`` noise levels; the transformer gets ``timestep = 1000·σ``.
             cond: ``B`` rows of conditioning from :meth:`encode` (``Conditioning.select``).
+            guidance: ``None``: ``guidance_scale``; ``1.0``: the conditional rows alone (one pass over ``B`` rows);
+                ``g > 1``: CFG at ``g`` (needs ``guidance_scale > 1``, so that ``encode`` computed the negative rows).
+
+        Raises:
+            ValueError: A ``guidance`` below 1 or not finite, or above 1 when ``guidance_scale`` is not.
         """
         b = latents.shape[0]
         t = cond.tensors
         if t["prompt_embeds"].shape[0] != b:
             raise ValueError(f"velocity: {b} latents but {t['prompt_embeds'].shape[0]} conditioning rows")
+        scale = self._cfg_scale(guidance)
         sigma = sigma.to(self.device, torch.float32).reshape(-1).expand(b)
         x = latents.to(self.device, self._dtype)
         timestep = timesteps_from_sigmas(sigma)
         enc, pooled = t["prompt_embeds"], t["pooled_prompt_embeds"]
-        if self.do_cfg:
+        if scale > 1.0:
             # Same batch layout as StableDiffusion3Pipeline: [uncond rows; cond rows].
             x = torch.cat([x, x])
             timestep = torch.cat([timestep, timestep])
@@ -225,11 +231,11 @@ class SD3Policy(DiffusersTransformerPolicy):
             return_dict=False,
         )[0]
         self.forward_count += b
-        if self.do_cfg:
+        if scale > 1.0:
             uncond, text = out.chunk(2)
             if self._dtype != torch.float32:
                 uncond, text = uncond.float(), text.float()
-            out = uncond + self.guidance_scale * (text - uncond)
+            out = uncond + scale * (text - uncond)
         return out.float()
 
 

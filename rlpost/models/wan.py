@@ -261,7 +261,7 @@ class WanPolicy(DiffusersTransformerPolicy):
             out["negative_prompt_embeds"] = npe
         return out
 
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance: float | None = None) -> Tensor:
         """Velocity at ``(latents, σ)`` with CFG ``v_u + g·(v_c - v_u)`` (the pipeline's formula), in fp32.
 
         The transformer gets ``timestep = 1000·σ`` in fp32, what ``WanPipeline.__call__`` passes from a flow-match
@@ -273,6 +273,12 @@ class WanPolicy(DiffusersTransformerPolicy):
             latents: ``[B, C, F_lat, h, w]`` states.
             sigma: ``[B]`` noise levels.
             cond: ``B`` rows of conditioning from :meth:`encode` (``Conditioning.select``).
+            guidance: ``None``: ``guidance_scale``; ``1.0``: the conditional rows alone (one pass over ``B`` rows);
+                ``g > 1``: CFG at ``g`` (needs ``guidance_scale > 1``, so that ``encode`` computed the negative rows).
+
+        Raises:
+            ValueError: Latents that are not 5-D, or a ``guidance`` below 1, not finite, or above 1 when
+                ``guidance_scale`` is not.
         """
         if latents.ndim != 5:
             raise ValueError(f"velocity: Wan latents are [B, C, F, h, w], got shape {tuple(latents.shape)}")
@@ -280,11 +286,12 @@ class WanPolicy(DiffusersTransformerPolicy):
         t = cond.tensors
         if t["prompt_embeds"].shape[0] != b:
             raise ValueError(f"velocity: {b} latents but {t['prompt_embeds'].shape[0]} conditioning rows")
+        scale = self._cfg_scale(guidance)
         sigma = sigma.to(self.device, torch.float32).reshape(-1).expand(b)
         x = latents.to(self.device, self._dtype)
         timestep = timesteps_from_sigmas(sigma)
         enc = t["prompt_embeds"]
-        if self.do_cfg:
+        if scale > 1.0:
             x = torch.cat([x, x])
             timestep = torch.cat([timestep, timestep])
             enc = torch.cat([enc, t["negative_prompt_embeds"]])
@@ -292,9 +299,9 @@ class WanPolicy(DiffusersTransformerPolicy):
             hidden_states=x, timestep=timestep, encoder_hidden_states=enc.to(self._dtype), return_dict=False
         )[0]
         self.forward_count += b
-        if self.do_cfg:
+        if scale > 1.0:
             text, uncond = out.float().chunk(2)
-            out = uncond + self.guidance_scale * (text - uncond)
+            out = uncond + scale * (text - uncond)
         return out.float()
 
     @torch.no_grad()

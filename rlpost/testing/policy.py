@@ -10,12 +10,19 @@ promise (``rlpost/core/api/policy.py``):
 * ``velocity`` keeps the latents' shape, is fp32 and finite, adds exactly ``B`` to ``forward_count`` (the cost
   models count rows this way), does not depend on the batch (one row alone equals it in a batch, within fp32
   rounding), and carries gradients to the trainable parameters;
+* ``velocity(..., guidance=None)`` equals the call without it (the configured guidance); ``guidance=1.0`` is the
+  conditional branch alone: it adds ``B`` to ``forward_count`` and gives the same result with the negative-prompt
+  tensors (``negative_*``) dropped from the conditioning; a guidance below 1 or NaN raises ``ValueError``, and so does
+  one above 1 that an adapter without negative rows cannot apply;
 * ``decode`` gives ``[B, F, H, W, 3]`` uint8 media with ``F = frames`` (1 for an image model), and ``media`` is
   ``"image"`` or ``"video"``; ``trainable_parameters`` is a non-empty list of parameters that
   require gradients; ``clean_tail_steps`` is ``None`` or an integer ``>= 0``; ``train`` toggles without error.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -136,6 +143,7 @@ def _check_velocity(check: Checker, policy: Policy, x: Tensor, cond: Conditionin
             bool(torch.allclose(one, v[:1], rtol=rtol, atol=atol)),
             f"velocity() depends on the batch: row 0 alone differs by {float((one - v[:1]).abs().max()):.3g}",
         )
+    _check_guidance(check, policy, x, sigma, cond, v, rtol, atol)
     params = [p for p in policy.trainable_parameters() if p.requires_grad]
     if not params:
         return
@@ -148,3 +156,60 @@ def _check_velocity(check: Checker, policy: Policy, x: Tensor, cond: Conditionin
     moved = [g for g in grads if g is not None and bool(g.abs().sum() > 0)]
     check.expect(bool(moved), "velocity() carries no gradient to the trainable parameters")
     check.expect(all(bool(torch.isfinite(g).all()) for g in moved), "velocity() gives non-finite gradients")
+
+
+def _check_guidance(
+    check: Checker, policy: Policy, x: Tensor, sigma: Tensor, cond: Conditioning, v: Tensor, rtol: float, atol: float
+) -> None:
+    """The per-call ``guidance`` of ``velocity`` (``v``: its result without the argument)."""
+    b = int(x.shape[0])
+    with torch.no_grad():
+        default = check.call("velocity(guidance=None)", policy.velocity, x, sigma, cond, guidance=None)
+        if isinstance(default, Tensor):
+            check.expect(
+                default.shape == v.shape and bool(torch.allclose(default, v, rtol=rtol, atol=atol)),
+                "velocity(guidance=None) differs from velocity() without it: None must be the configured guidance",
+            )
+        positive = Conditioning({k: t for k, t in cond.tensors.items() if not k.startswith("negative_")})
+        start = policy.forward_count
+        what = "velocity(guidance=1.0) without the negative_* tensors"
+        alone = check.call(what, policy.velocity, x, sigma, positive, guidance=1.0)
+        rows = policy.forward_count - start
+        if isinstance(alone, Tensor):
+            check.expect(rows == b, f"velocity(guidance=1.0) of {b} rows added {rows} to forward_count")
+            check.expect(
+                alone.shape == x.shape and alone.dtype == torch.float32 and bool(torch.isfinite(alone).all()),
+                f"{what} must be finite fp32 of shape {list(x.shape)}, got {alone.dtype} {list(alone.shape)}",
+            )
+            full = check.call("velocity(guidance=1.0)", policy.velocity, x, sigma, cond, guidance=1.0)
+            if isinstance(full, Tensor) and full.shape == alone.shape:
+                check.expect(
+                    bool(torch.allclose(full, alone, rtol=rtol, atol=atol)),
+                    "velocity(guidance=1.0) depends on the negative-prompt rows: it must be the conditional branch",
+                )
+        for bad in (0.5, float("nan")):
+            exc = _raised(policy.velocity, x, sigma, cond, guidance=bad)
+            check.expect(
+                isinstance(exc, ValueError),
+                f"velocity(guidance={bad}) must raise ValueError (below 1 or not finite), {_outcome(exc)}",
+            )
+        if len(positive.tensors) == len(cond.tensors):  # no negative rows: a scale above 1 is applied or refused
+            exc = _raised(policy.velocity, x, sigma, cond, guidance=2.0)
+            check.expect(
+                exc is None or isinstance(exc, ValueError),
+                "velocity(guidance=2.0) without negative-prompt rows must apply the scale or raise ValueError naming "
+                f"the setting, {_outcome(exc)}",
+            )
+
+
+def _raised(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Exception | None:
+    """The exception ``fn(*args, **kwargs)`` raises, or ``None``."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - a component's exception is a finding, not a crash of the kit
+        return exc
+    return None
+
+
+def _outcome(exc: Exception | None) -> str:
+    return "but it returned" if exc is None else f"but it raised {type(exc).__name__}: {str(exc)[:200]}"

@@ -21,7 +21,7 @@ from rlpost.core.api.arguments import InvalidArguments, Range
 from rlpost.core.api.capabilities import CHAINS, CLEAN_SAMPLES, EDGE_LOG_PROBS, TREE, missing_capabilities
 from rlpost.core.api.component import Component
 from rlpost.core.api.copies import LIVE, REFERENCE, WeightCopies
-from rlpost.core.api.policy import Conditioning, Policy
+from rlpost.core.api.policy import Conditioning, Policy, resolve_guidance
 from rlpost.core.api.prompts import PromptSource
 from rlpost.core.api.reward import MediaScope, RewardSource
 from rlpost.core.api.sampler import EdgeEval, Sampler, StepCounts
@@ -61,6 +61,7 @@ __all__ = [
     "UpdateResult",
     "WeightCopies",
     "missing_capabilities",
+    "resolve_guidance",
     "update_result_problems",
 ]
 

@@ -4,6 +4,7 @@ Part of :mod:`rlpost.core.api` (the package re-exports every name)."""
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -15,13 +16,16 @@ from torch import Tensor, nn
 
 from rlpost.core.api.component import Component
 
-__all__ = ["Conditioning", "Policy"]
+__all__ = ["Conditioning", "Policy", "resolve_guidance"]
 
 
 @dataclass
 class Conditioning:
     """Encoded prompts, one row per prompt (model specific tensors, e.g. SD3's ``prompt_embeds`` and
     ``pooled_prompt_embeds``, each with the negative-prompt rows when classifier-free guidance is on).
+
+    Negative-prompt tensors are named ``negative_*`` (``negative_prompt_embeds``, ...): a velocity at guidance 1 (the
+    conditional branch alone) never reads them, and ``rlpost.testing.check_policy`` checks it by dropping them.
 
     Attributes:
         tensors: Name -> tensor whose first dimension indexes prompts.
@@ -34,11 +38,50 @@ class Conditioning:
         return Conditioning({k: v.index_select(0, rows.to(v.device)) for k, v in self.tensors.items()})
 
 
+def resolve_guidance(
+    guidance: float | None, configured: float, *, can_guide: bool, setting: str = "model.init_args.guidance_scale"
+) -> float:
+    """The guidance scale one :meth:`Policy.velocity` call runs at, with the contract's errors.
+
+    Args:
+        guidance: The call's ``guidance`` argument (``None``: the configured scale).
+        configured: The adapter's configured scale (what rollouts use).
+        can_guide: Whether a scale above 1 can be applied now: a CFG adapter whose ``encode`` computed the
+            negative-prompt rows (configured above 1); a guidance-distilled model, whose scale is an input, always.
+        setting: The recipe field that turns guidance on, named in the error.
+
+    Returns:
+        ``configured`` when ``guidance`` is ``None`` (unchecked: the constructor declared its range), else
+        ``guidance``.
+
+    Raises:
+        ValueError: ``guidance`` below 1 or not finite, or above 1 without ``can_guide``.
+    """
+    if guidance is None:
+        return configured
+    g = float(guidance)
+    if not math.isfinite(g) or g < 1.0:
+        raise ValueError(f"guidance must be a finite number >= 1 (1 = the conditional branch alone), got {guidance}")
+    if g > 1.0 and not can_guide:
+        raise ValueError(
+            f"guidance {g:g} needs negative-prompt embeddings; set {setting} > 1 so encode() computes them"
+        )
+    return g
+
+
 class Policy(Component):
     """A flow-matching text-to-image model seen as a denoising policy (rectified flow: ``x_σ = (1-σ)x0 + σε``).
 
     The model adapter hides everything model specific (prompt encoding, the transformer call signature, latent
     packing, VAE decoding) so samplers and update rules are written once for SD3, FLUX or a test model.
+
+    Guidance. The rollout guidance is the adapter's configured ``guidance_scale`` (Qwen-Image: ``true_cfg_scale``):
+    samplers call :meth:`velocity` without ``guidance`` and get it. A training or reference guidance is chosen per
+    call by the update rule (``velocity(..., guidance=g)``): likelihood-free methods sample at one scale and train at
+    another (DGPO rolls out at CFG 4.5, trains the conditional branch alone, ``guidance=1.0``, and evaluates its
+    frozen reference at 4.5). Classifier-free guidance above 1 needs the negative-prompt rows, which ``encode``
+    computes only when the configured scale is above 1; a guidance-distilled model (FLUX.1-dev) feeds ``g`` to its
+    guidance embedding instead. :func:`resolve_guidance` checks a per-call value.
     """
 
     kind: ClassVar[str] = "model"
@@ -79,13 +122,20 @@ class Policy(Component):
         """Encode prompts (cached per prompt string); one row per prompt."""
 
     @abstractmethod
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
-        """Predict the velocity ``v ≈ ε - x0`` (classifier-free guidance applied) in fp32.
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance: float | None = None) -> Tensor:
+        """Predict the velocity ``v ≈ ε - x0`` (guidance applied) in fp32.
 
         Args:
             latents: ``[B, *latent_shape]`` states.
             sigma: ``[B]`` noise level of each state.
             cond: Conditioning with ``B`` rows (already selected per state).
+            guidance: ``None``: the configured guidance (rollouts; bit for bit the call without it). ``1.0``: the
+                conditional branch alone, one denoiser pass over the ``B`` rows (negative rows, if any, unread).
+                ``g > 1``: guidance at scale ``g`` (classifier-free guidance needs the negative rows).
+
+        Raises:
+            ValueError: ``guidance`` below 1 or not finite, or above 1 on an adapter whose conditioning has no
+                negative-prompt rows (configured without CFG); the message names the setting to change.
         """
 
     @abstractmethod

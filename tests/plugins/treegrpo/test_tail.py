@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from rlpost.core.api import Conditioning, Policy
+from rlpost.core.api import Conditioning, Policy, resolve_guidance
 from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.ops.dpm_solver import dpm_solver_pp2_step
 from rlpost_treegrpo.sampler import TreeSampler
@@ -68,7 +68,8 @@ class GaussianFlowPolicy(Policy):
     def encode(self, prompts: Sequence[str]) -> Conditioning:
         return Conditioning({"row": torch.arange(len(prompts), dtype=torch.float32)})
 
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning) -> Tensor:
+    def velocity(self, latents: Tensor, sigma: Tensor, cond: Conditioning, guidance: float | None = None) -> Tensor:
+        resolve_guidance(guidance, 1.0, can_guide=False)  # an exact field: no guidance to apply
         self.forward_count += latents.shape[0]
         self.calls += 1
         x = latents.double()

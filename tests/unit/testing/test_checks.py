@@ -50,6 +50,9 @@ def test_the_conforming_baselines_pass(policy):
     sampler = ToyChainSampler()
     check_sampler(sampler, policy)
     check_policy(policy)
+    guided = ToyPolicy(guidance_scale=4.5)  # with negative rows: guidance 1.0 must not read them
+    guided.setup(torch.device("cpu"))
+    check_policy(guided)
     check_reward_source(ToyMeanReward())
     check_update_rule(ClippedSurrogate(clip_range=0.2), policy, sampler)
     check_advantage_estimator(GroupZScoreAdvantage(), _partly_trainable(sampler, policy))
@@ -344,15 +347,65 @@ def test_check_update_rule_names_the_broken_rule(policy, rule, expected):
 
 
 class Uncounted(ToyPolicy):
-    def velocity(self, latents: Any, sigma: Any, cond: Any) -> Any:
-        out = super().velocity(latents, sigma, cond)
+    def velocity(self, latents: Any, sigma: Any, cond: Any, guidance: Any = None) -> Any:
+        out = super().velocity(latents, sigma, cond, guidance)
         self.forward_count -= latents.shape[0]
         return out
 
 
 class BatchMixing(ToyPolicy):
-    def velocity(self, latents: Any, sigma: Any, cond: Any) -> Any:
-        return super().velocity(latents, sigma, cond) - latents.mean(0)
+    def velocity(self, latents: Any, sigma: Any, cond: Any, guidance: Any = None) -> Any:
+        return super().velocity(latents, sigma, cond, guidance) - latents.mean(0)
+
+
+class NoGuidanceArgument(ToyPolicy):
+    """The contract before per-call guidance: ``velocity(latents, sigma, cond)``."""
+
+    def velocity(self, latents: Any, sigma: Any, cond: Any) -> Any:  # type: ignore[override]
+        return super().velocity(latents, sigma, cond)
+
+
+class CFGAlways(ToyPolicy):
+    """Configured with CFG, applies it whatever the call asks: guidance 1.0 still reads the negative rows."""
+
+    def __init__(self) -> None:
+        super().__init__(guidance_scale=4.5)
+
+    def velocity(self, latents: Any, sigma: Any, cond: Any, guidance: Any = None) -> Any:
+        return super().velocity(latents, sigma, cond)
+
+
+class LeakyConditional(ToyPolicy):
+    """Guidance 1.0 mixes a little of the negative branch in whenever the conditioning has one."""
+
+    def __init__(self) -> None:
+        super().__init__(guidance_scale=4.5)
+
+    def velocity(self, latents: Any, sigma: Any, cond: Any, guidance: Any = None) -> Any:
+        out = super().velocity(latents, sigma, cond, guidance)
+        if guidance == 1.0 and "negative_bias" in cond.tensors:
+            out = out + 0.1 * cond.tensors["negative_bias"].view(-1, 1, 1, 1)
+        return out
+
+
+class NoneIsUnguided(ToyPolicy):
+    """``guidance=None`` turns guidance off instead of meaning the configured scale."""
+
+    def __init__(self) -> None:
+        super().__init__(guidance_scale=4.5)
+
+    def velocity(self, latents: Any, sigma: Any, cond: Any, guidance: Any = 4.5) -> Any:
+        return super().velocity(latents, sigma, cond, 1.0 if guidance is None else guidance)
+
+
+class GuidanceUnchecked(ToyPolicy):
+    """Takes any guidance: below 1 silently, and above 1 without negative rows fails with a KeyError."""
+
+    def velocity(self, latents: Any, sigma: Any, cond: Any, guidance: Any = None) -> Any:
+        out = super().velocity(latents, sigma, cond)
+        if guidance is not None and guidance > 1.0:
+            out = out + cond.tensors["negative_bias"].view(-1, 1, 1, 1)
+        return out
 
 
 class RisingSigmas(ToyPolicy):
@@ -378,6 +431,12 @@ class Frozen(ToyPolicy):
         (RisingSigmas, "sigmas must run from 1 down to 0"),
         (FixedNoise, "initial_noise() ignores its generator"),
         (Frozen, "trainable_parameters() is empty"),
+        (NoGuidanceArgument, "velocity(guidance=None) raised TypeError"),
+        (CFGAlways, "velocity(guidance=1.0) without the negative_* tensors raised KeyError"),
+        (LeakyConditional, "velocity(guidance=1.0) depends on the negative-prompt rows"),
+        (NoneIsUnguided, "velocity(guidance=None) differs from velocity() without it"),
+        (GuidanceUnchecked, "velocity(guidance=0.5) must raise ValueError (below 1 or not finite), but it returned"),
+        (GuidanceUnchecked, "velocity(guidance=2.0) without negative-prompt rows must apply the scale or raise"),
     ],
     ids=lambda x: x.__name__ if isinstance(x, type) else "",
 )
