@@ -104,7 +104,8 @@ class AWMUpdate(PolicyOptimizer):
         minibatch_samples: Samples per micro-batch (upstream ``train.batch_size``: 3 GenEval/OCR, 2 PickScore):
             they share their timesteps and run in one forward of ``minibatch_samples · num_train_timesteps`` rows.
         train_guidance: Guidance of the trained velocity and of the KL velocities (upstream ``train.cfg = False``:
-            the conditional branch alone, 1.0).
+            the conditional branch alone, 1.0); ``null``: the adapter's configured (rollout) scale, which is what a
+            guidance-distilled model such as FLUX.1-dev trains at (``docs/models.md``, "Guidance per call").
         skip_first_steps: Training steps that roll out and score but train nothing (0: the method as the paper
             states it). Upstream's loop samples and trains nothing in its first two epochs (L880-881, L936-937); set
             2 to reproduce its step numbering. A skipped step reports zero counts.
@@ -123,7 +124,7 @@ class AWMUpdate(PolicyOptimizer):
         max_index_fraction: Annotated[float, Range(gt=0, le=1)] = 0.9,
         adv_clip_max: Annotated[float, Range(gt=0)] = 5.0,
         minibatch_samples: Annotated[int, Range(ge=1)] = 3,
-        train_guidance: Annotated[float, Range(ge=1)] = 1.0,
+        train_guidance: Annotated[float, Range(ge=1)] | None = 1.0,
         skip_first_steps: Annotated[int, Range(ge=0)] = 0,
     ) -> None:
         self.kl_beta = float(kl_beta)
@@ -134,7 +135,7 @@ class AWMUpdate(PolicyOptimizer):
         self.max_index_fraction = float(max_index_fraction)
         self.adv_clip_max = float(adv_clip_max)
         self.minibatch_samples = minibatch_samples
-        self.train_guidance = float(train_guidance)
+        self.train_guidance = None if train_guidance is None else float(train_guidance)
         self.skip_first_steps = skip_first_steps
 
     # ------------------------------------------------------------------------------------------- validation
