@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from rlpost.components.clipped_surrogate import ClippedSurrogate
 from rlpost.components.group_zscore import GroupZScoreAdvantage
-from rlpost.core.api import AdvantageEstimator, PolicyOptimizer
+from rlpost.components.solver_sampler import SolverSampler
+from rlpost.core.api import AdvantageEstimator, PolicyOptimizer, Sampler
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
+
+
+@hookimpl
+def rlpost_register_samplers(register: Registry[Sampler]) -> None:
+    """Register the ODE/band-SDE rollout sampler of the likelihood-free update rules (DiffusionNFT, AWM, DGPO)."""
+    register(SolverSampler)
 
 
 @hookimpl

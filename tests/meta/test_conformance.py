@@ -54,6 +54,7 @@ SAMPLERS: dict[str, dict[str, Any]] = {
         "compress_ratio": 0.5,
     },
     "ddpo": {"num_steps": 4, "noise_level": 0.7, "timestep_fraction": 1.0},
+    "solver": {"num_steps": 4, "solver": "sde-band", "noise_level": 0.7},
 }
 
 
