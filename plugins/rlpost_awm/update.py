@@ -204,7 +204,7 @@ class AWMUpdate(PolicyOptimizer):
         counts = {"grad": 0, REFERENCE: 0, EMA_COPY: 0, "nonfinite": 0}
         ctx.policy.train(True)
         for chunk in sample_chunks(torch.arange(batch.size), self.minibatch_samples):
-            self._minibatch(ctx, batch, chunk, (lo, hi), denom, stats, counts)
+            self._minibatch(ctx, batch, chunk, denom, stats, counts)
         step_metrics = ctx.backend.step()
         ctx.policy.train(False)
         copies = {name: counts[name] for name in (REFERENCE, EMA_COPY) if counts[name]}
@@ -231,7 +231,6 @@ class AWMUpdate(PolicyOptimizer):
         ctx: UpdateContext,
         batch: CleanBatch,
         chunk: Tensor,
-        index_range: tuple[int, int],
         denom: int,
         stats: dict[str, list[float]],
         counts: dict[str, int],
