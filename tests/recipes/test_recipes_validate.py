@@ -3,9 +3,11 @@
 Overlays in recipes/ablations/ name their base recipe in a ``# base: recipes/...`` header line. Recipes whose prompt
 sets come from the Hugging Face hub (the SD3.5 recipes: HPD v2 training and benchmark prompts) are validated with
 small stand-in files of those datasets placed in a scratch hub cache, as ``hf_hub_download`` would have left them
-(the recipe is valid given its data); model weights and reward checkpoints are stood in the same way
-(tests/weights_standins.py). CI runs offline (HF_HUB_OFFLINE=1), so the hub data not being cached is also checked:
-validation then fails with exit 2, naming each prompt field and how to provide it, and writes nothing.
+(the recipe is valid given its data); prompt files a recipe names by a relative path the user provides (GenEval's
+prompt files of recipes/dgpo_sd35.yaml) get a stand-in file at that path in the scratch directory; model weights and
+reward checkpoints are stood in the same way (tests/weights_standins.py). CI runs offline (HF_HUB_OFFLINE=1), so the
+hub data not being cached is also checked: validation then fails with exit 2, naming each prompt field and how to
+provide it, and writes nothing.
 """
 
 from __future__ import annotations
@@ -66,6 +68,21 @@ def _hub_sources(*recipes: Path) -> list[tuple[str, str, list[str], str]]:
 SD35 = [p for p in FULL if _hub_sources(p)]
 
 
+def _local_prompt_files(*recipes: Path) -> list[str]:
+    """Relative paths of the prompt files (``prompt-file``, training and evaluation) the recipes name that the
+    repository does not ship: data the user provides."""
+    found = []
+    for recipe in recipes:
+        cfg = yaml.safe_load(recipe.read_text()) or {}
+        sources = [cfg.get("prompts"), *((cfg.get("eval") or {}).get("sets") or {}).values()]
+        for source in sources:
+            path = str(((source or {}).get("init_args") or {}).get("path", ""))
+            if (source or {}).get("class_path") == "prompt-file" and path and not Path(path).is_absolute():
+                if not (ROOT / path).exists():
+                    found.append(path)
+    return found
+
+
 @pytest.fixture
 def scratch(tmp_path, monkeypatch, standin_weights):  # noqa: F811 - the fixture imported above
     """Run validation from a scratch working directory, with stand-ins of the model weights and reward checkpoints
@@ -78,6 +95,9 @@ def scratch(tmp_path, monkeypatch, standin_weights):  # noqa: F811 - the fixture
         for _, repo_id, files, column in _hub_sources(*recipes):
             records = json.dumps([{column: "a photo of a cat"}, {column: "a watercolor painting of a lighthouse"}])
             hub_dataset_standin(standin_weights / "hub", repo_id, dict.fromkeys(files, records))
+        for path in _local_prompt_files(*recipes):
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_text('{"prompt": "a photo of a cat", "tag": "single_object"}\n')
 
     return provide
 
