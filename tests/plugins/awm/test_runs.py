@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rlpost_awm
 import torch
 import yaml
 
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def host() -> PluginHost:
-    return build_host(extra_plugins=(rlpost_awm,))
+    return build_host()
 
 
 def _recipe(tiny_sd3_dir: Path, out: Path, steps: int, **awm: Any) -> dict[str, Any]:

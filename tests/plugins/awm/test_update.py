@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from rlpost_awm.update import EMA_COPY, AWMUpdate
 
 from rlpost import (
     REFERENCE,
@@ -28,6 +27,7 @@ from rlpost.engine.backend import LocalBackend
 from rlpost.engine.weight_copies import CopyConfig, EngineCopies
 from rlpost.ops.sampling import RolloutBuilder
 from rlpost.testing import tiny_policy
+from rlpost_awm.update import EMA_COPY, AWMUpdate
 from tests.unit.components.chain_helpers import perturb_lora
 
 NUM_STEPS = 10

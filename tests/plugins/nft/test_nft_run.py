@@ -12,7 +12,6 @@ import pytest
 import torch
 import yaml
 
-import rlpost_nft
 from rlpost.apps.host import build_host
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, validate
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def host() -> PluginHost:
     # The entry point registers rlpost_nft in an installed checkout; registering the module again is then refused
     # by the host (already registered) and the name 'nft' still resolves.
-    return build_host(extra_plugins=(rlpost_nft,))
+    return build_host()
 
 
 def _cfg(tiny_sd3_dir: Path, out: Path, steps: int) -> dict[str, Any]:
