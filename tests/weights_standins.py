@@ -26,7 +26,7 @@ REWARD_FILES = (
     "DFN5B-CLIP-ViT-H-14-384/open_clip_pytorch_model.bin",
 )
 # ... and directories (tokenizer and CLIP snapshots), as default names under $RLPOST_MODELS.
-REWARD_DIRS = ("bert-base-uncased", "clip-vit-large-patch14")
+REWARD_DIRS = ("bert-base-uncased", "clip-vit-large-patch14", "PickScore_v1", "CLIP-ViT-H-14-laion2B-s32B-b79K")
 
 
 def write_pipeline_standin(

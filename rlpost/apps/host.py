@@ -35,6 +35,9 @@ FIRST_PARTY_PLUGINS: dict[str, str] = {
     "ddpo": "rlpost_ddpo",
     "digits": "rlpost_digits",
     "qwenimage": "rlpost_qwenimage",
+    "nft": "rlpost_nft",
+    "awm": "rlpost_awm",
+    "dgpo": "rlpost_dgpo",
 }
 
 

@@ -12,8 +12,8 @@ The three upstream schemes:
 * :func:`grid_permutations`: per sample an independent random permutation of the rollout grid's step indices, of which
   the first ``keep`` are trained (NVlabs/DiffusionNFT ``scripts/train_nft_sd3.py`` @24af555 L810-816);
 * :func:`stratified_indices`: ``n`` strata over a range of step indices, one index drawn uniformly in each
-  (scxue/advantage_weighted_matching ``advantage_weighted_matching/scripts/train_sd3_awm.py`` @be51372 L1138-1225,
-  ``time_type="discrete"``);
+  (scxue/advantage_weighted_matching ``advantage_weighted_matching/scripts/train_sd3_awm.py`` @be51372 L1172-1205,
+  ``time_type="discrete"`` and ``"discrete_wo_init"``);
 * :func:`subset_without_replacement`: ``n`` step indices drawn without replacement from ``0 … hi`` (Luo-Yihong/DGPO
   ``scripts/train_sd3_dgpo.py`` @01ceb4b L52-108).
 """
@@ -73,14 +73,21 @@ def grid_permutations(seed: int, step: int, keys: Sequence[tuple[int, int]], num
 
 
 def stratified_indices(generator: torch.Generator, lo: int, hi: int, n: int) -> Tensor:
-    """``[n]`` long: ``[lo, hi]`` cut into ``n`` strata at ``linspace(lo, hi, n+1)``, one integer drawn uniformly in
-    each (AWM's ``discrete`` schemes; with ``hi - lo + 1 < n`` strata may repeat an index)."""
+    """``[n]`` long: one index drawn uniformly in each of ``n`` strata of ``lo … hi``, AWM's discrete law.
+
+    With boundaries ``b = linspace(lo, hi, n+1)``, stratum ``i`` holds the integers ``⌊b_i⌋ … ⌊b_{i+1}⌋ - 1`` (just
+    ``⌊b_i⌋`` when both floors are equal), so ``hi`` itself is never drawn and short ranges repeat an index: for
+    ``lo=1, hi=12, n=6`` the strata are ``{1}, {2,3}, {4,5}, {6,7}, {8,9}, {10,11}``
+    (scxue/advantage_weighted_matching ``advantage_weighted_matching/scripts/train_sd3_awm.py`` @be51372 L1172-1180
+    and L1197-1205: truncated boundaries plus a truncated uniform offset). The boundaries are computed in fp64;
+    upstream's fp32 ones truncate to the same integers for the grids its presets use.
+    """
     if n < 1 or hi < lo:
         raise ValueError(f"stratified_indices: need n >= 1 and hi >= lo, got n={n}, lo={lo}, hi={hi}")
-    edges = torch.linspace(float(lo), float(hi), n + 1, dtype=torch.float64)
+    bounds = torch.linspace(float(lo), float(hi), n + 1, dtype=torch.float64).floor().long()
+    lower, width = bounds[:-1], bounds[1:] - bounds[:-1]
     u = torch.rand(n, generator=generator, dtype=torch.float64)
-    picks = edges[:-1] + u * (edges[1:] - edges[:-1])
-    return picks.round().long().clamp(lo, hi)
+    return lower + (u * width).floor().long()
 
 
 def subset_without_replacement(generator: torch.Generator, hi: int, n: int) -> Tensor:

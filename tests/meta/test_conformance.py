@@ -163,6 +163,10 @@ CASES: tuple[Case, ...] = (
         shuffle=False,
         minibatch_edges=3,
     ),
+    # The likelihood-free rules on the solver sampler's rollouts (clean samples, no trainable edge).
+    _rule("nft", "solver", "solver", kl_beta=1e-4, minibatch_samples=3),
+    _rule("awm", "solver", "solver", num_train_timesteps=2, time_type="discrete", minibatch_samples=3),
+    _rule("dgpo", "solver", "solver", num_train_timesteps=2, trunc_steps=2),
     _reward("jpeg-compressibility", lambda env: {}),
     _reward("jpeg-incompressibility", lambda env: {}),
     _reward("digits-brightness", lambda env: {}),

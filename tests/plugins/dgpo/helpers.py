@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from rlpost_dgpo.update import EMA_REF
 from torch import Tensor, nn
 
 from rlpost.core.api import Advantages, TrainBackend, UpdateContext
 from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.engine.weight_copies import CopyConfig, EngineCopies
 from rlpost.ops.sampling import RolloutBuilder
+from rlpost_dgpo.update import EMA_REF
 
 PROMPTS = ("a photo of a cat", "a red car on a street", "a bowl of fruit", "a city at night")
 NUM_STEPS = 6

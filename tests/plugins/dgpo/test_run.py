@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rlpost_dgpo
 import torch
 
 from rlpost.apps.host import build_host
@@ -24,7 +23,7 @@ def host() -> PluginHost:
     host = build_host()
     if "dgpo" in host.registry("optimizer").names():  # the installed entry point
         return host
-    return build_host(extra_plugins=(rlpost_dgpo,))
+    return build_host()
 
 
 def _cfg(out: Path, tiny_sd3_dir: Path, steps: int) -> dict[str, Any]:

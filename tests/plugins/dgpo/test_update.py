@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from rlpost_dgpo.update import EMA_REF, DGPOUpdate, group_chunks
 
 from rlpost.core.api import REFERENCE, StepCounts
 from rlpost.ops.training_noise import keyed_generator, noise_for, subset_without_replacement
 from rlpost.testing import check_update_rule
+from rlpost_dgpo.update import EMA_REF, DGPOUpdate, group_chunks
 from tests.argument_checks import problems_of
 from tests.plugins.dgpo.helpers import (
     GradBackend,

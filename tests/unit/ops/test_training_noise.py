@@ -67,13 +67,23 @@ def test_grid_permutations_per_sample_and_rank_independent():
     assert torch.equal(grid_permutations(5, 2, keys[2:], 10, 9), perm[2:])  # the other rank's samples, alone
 
 
-def test_stratified_indices_one_per_stratum():
-    for s in range(20):
-        idx = stratified_indices(keyed_generator(s), 1, 12, 6)
-        edges = torch.linspace(1, 12, 7)
-        assert idx.shape == (6,)
-        for i, v in enumerate(idx.tolist()):
-            assert round(float(edges[i])) <= v <= round(float(edges[i + 1])) and 1 <= v <= 12
+def test_stratified_indices_follow_awm_strata():
+    """Upstream's law (scxue/advantage_weighted_matching ``train_sd3_awm.py`` @be51372 L1197-1205): stratum ``i`` is
+    the integers ``⌊b_i⌋ … ⌊b_{i+1}⌋ - 1`` of ``b = linspace(lo, hi, n+1)``, each drawn; ``hi`` never is."""
+    cases = {
+        (1, 12, 6): [{1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}],  # discrete_wo_init, 14 steps
+        (0, 12, 6): [{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}],  # discrete, 14 steps
+        (1, 9, 6): [{1}, {2}, {3, 4}, {5}, {6}, {7, 8}],  # discrete_wo_init, 10 steps
+        (1, 3, 6): [{1}, {1}, {1}, {2}, {2}, {2}],  # fewer indices than strata: repeats
+    }
+    for (lo, hi, n), strata in cases.items():
+        seen: list[set[int]] = [set() for _ in strata]
+        for s in range(200):
+            idx = stratified_indices(keyed_generator(s), lo, hi, n)
+            assert idx.shape == (n,) and idx.dtype == torch.long
+            for i, v in enumerate(idx.tolist()):
+                seen[i].add(v)
+        assert seen == strata, (lo, hi, n)
 
 
 def test_subset_without_replacement():
