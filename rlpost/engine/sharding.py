@@ -237,9 +237,19 @@ def reduce_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 def reduce_updates(parts: Sequence[UpdateTotals]) -> UpdateTotals:
-    """Combine per-rank updates: every count by sum, the metrics by :func:`reduce_metrics`."""
+    """Combine per-rank updates: every count and each weight copy's no-grad rows by sum, the metrics by
+    :func:`reduce_metrics`."""
     counts = {name: sum(getattr(p.result, name) for p in parts) for name in UpdateResult.count_fields()}
-    result = UpdateResult(**counts, metrics=reduce_metrics([p.result.metrics for p in parts]))
+    copies: dict[str, int] = {}
+    if any(p.result.copy_forwards for p in parts):  # a rank without a split spent its no-grad rows on the reference
+        for p in parts:
+            split = p.result.copy_forwards or (
+                {"reference": p.result.reference_forwards} if p.result.reference_forwards else {}
+            )
+            for name, rows in split.items():
+                copies[name] = copies.get(name, 0) + int(rows)
+    metrics = reduce_metrics([p.result.metrics for p in parts])
+    result = UpdateResult(**counts, metrics=metrics, copy_forwards=copies)
     return UpdateTotals(result, sum(p.refused_losses for p in parts), sum(p.nonfinite_grad_steps for p in parts))
 
 

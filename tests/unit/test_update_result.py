@@ -110,6 +110,17 @@ def test_ranks_sum_every_count_and_average_metrics():
     assert (total.result.trained_edges, total.result.train_forwards, total.result.reference_forwards) == (6, 8, 2)
     assert (total.nonfinite_losses, total.nonfinite_grad_steps) == (2, 1)
     assert total.result.metrics == {"loss/policy": 2.0, "train/ratio_max": 1.5}
+    assert total.result.copy_forwards == {}  # no rank split its no-grad rows: all were the reference's
+
+
+def test_ranks_sum_the_rows_of_each_weight_copy():
+    parts = [
+        UpdateTotals(_result(reference_forwards=5, copy_forwards={"old": 3, "reference": 2})),
+        UpdateTotals(_result(reference_forwards=4)),  # no split: the reference's
+    ]
+    total = reduce_updates(parts)
+    assert total.result.reference_forwards == 9
+    assert total.result.copy_forwards == {"old": 3, "reference": 6}
 
 
 # ------------------------------------------------------------------------------------------- the backend
