@@ -28,6 +28,7 @@ from rlpost.components.chain import (
     shared_or_independent_noise,
 )
 from rlpost.components.clean_samples import CleanBatch, clean_batch, sample_chunks
+from rlpost.components.clipped_surrogate import ClippedSurrogate
 from rlpost.core.api import (
     CHAINS,
     CLEAN_SAMPLES,
@@ -102,6 +103,7 @@ __all__ = [
     "AdvantageEstimator",
     "Advantages",
     "ChainPlan",
+    "ClippedSurrogate",
     "Component",
     "Conditioning",
     "DPM_SOLVER",

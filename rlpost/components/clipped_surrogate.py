@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from rlpost.components.chain import edge_sample_ids
-from rlpost.core.api import PolicyOptimizer, Range, UpdateContext, UpdateResult
+from rlpost.core.api import EdgeEval, PolicyOptimizer, Range, UpdateContext, UpdateResult
 
 __all__ = ["AccumulationUnit", "ClippedSurrogate", "LossNormalisation", "parent_aligned_chunks"]
 
@@ -280,17 +280,17 @@ class ClippedSurrogate(PolicyOptimizer):
         evaluation = ctx.sampler.evaluate(ctx.policy, ctx.rollout, mb)
         old = ctx.rollout.old_log_probs[mb].to(evaluation.log_prob.device, torch.float64)
         adv = adv.to(evaluation.log_prob.device, torch.float64).clamp(-self.adv_clip_max, self.adv_clip_max)
-        ratio = torch.exp(evaluation.log_prob - old)
+        ratio = torch.exp(self.log_ratio(ctx, mb, evaluation, old))
         unclipped = -adv * ratio
         clipped = -adv * ratio.clamp(1.0 - self.clip_range, 1.0 + self.clip_range)
-        per_edge = torch.maximum(unclipped, clipped)
+        per_edge = torch.maximum(unclipped, clipped) * self.surrogate_weight(ctx, mb, evaluation)
         loss = per_edge.sum() / denom
         kl_value = 0.0
         ref_forwards = 0
         if self.kl_coef > 0:
             with torch.no_grad(), ctx.policy.reference():
                 ref = ctx.sampler.evaluate(ctx.policy, ctx.rollout, mb)
-            kl = ((evaluation.mean - ref.mean) ** 2 / (2 * evaluation.std**2)).flatten(1).mean(1)
+            kl = ((evaluation.mean - ref.mean) ** 2 / self.kl_variance(ctx, mb, evaluation)).flatten(1).mean(1)
             loss = loss + self.kl_coef * kl.sum() / denom
             kl_value = float(kl.detach().mean())
             ref_forwards = ref.forwards
@@ -310,6 +310,32 @@ class ClippedSurrogate(PolicyOptimizer):
                 }
             )
         return out, ratio.detach().to("cpu", torch.float64).flatten()
+
+    # ------------------------------------------------------------------------ extension points (subclasses)
+
+    def log_ratio(self, ctx: UpdateContext, mb: Tensor, evaluation: EdgeEval, old: Tensor) -> Tensor:
+        """``[B]`` log importance ratio of the minibatch's edges; the ratio is its exponential.
+
+        The default is ``log π_θ(e) - log π_old(e)``. A subclass may reshape it (GRPO-Guard's ratio normalisation,
+        arXiv 2510.22319) from ``evaluation`` and the rollout's per-edge extras.
+        """
+        return evaluation.log_prob - old
+
+    def surrogate_weight(self, ctx: UpdateContext, mb: Tensor, evaluation: EdgeEval) -> Tensor | float:
+        """Per-edge factor ``[B]`` (or a scalar) multiplying the clipped surrogate ``ℓ_e``; the default is 1.
+
+        A subclass may weight edges by their noise level (TempFlow-GRPO, arXiv 2508.04324).
+        """
+        return 1.0
+
+    def kl_variance(self, ctx: UpdateContext, mb: Tensor, evaluation: EdgeEval) -> Tensor:
+        """Denominator of the mean-space KL ``mean_elem((μ_θ - μ_ref)² / kl_variance)``, broadcastable to
+        ``evaluation.mean``.
+
+        The default ``2 s²`` with ``s`` the step Gaussian's own std is the exact KL between the two step Gaussians;
+        Flow-GRPO divides by ``2 s_t²`` without the ``sqrt(-dt)`` factor of the step std (a subclass's choice).
+        """
+        return 2 * evaluation.std**2
 
     def _ratio_metrics(self, ratios: list[tuple[Tensor, bool]]) -> dict[str, float]:
         """Clip fraction and ratio spread over every evaluated edge; ``*_after_first`` only when a later step ran."""
