@@ -8,7 +8,7 @@ Per prompt group and tree, with schedule ``σ_0 = 1 > … > σ_T = 0`` and windo
   forward per step, chunked by ``chunk_size`` rows);
 * steps ``t ∈ [i, i+d)``: every frontier node is evaluated **once**, then ``k`` children are drawn around the same
   step Gaussian ``N(μ, s²I)`` of the SDE kernel; each child edge records ``log π_old`` and is trainable;
-* steps ``t ≥ i+d``: the tail, ODE steps of all ``k^d`` leaves of every tree (batched; :mod:`rlpost_treegrpo.tails`);
+* steps ``t ≥ i+d``: the tail, ODE steps of all ``k^d`` leaves of every tree (batched; :mod:`rlpost.ops.trees.tails`);
 * the final states (``σ_T = 0``) are decoded and scored.
 
 Topology choice (documented in ``docs/algorithms/treegrpo.md``): **every** step is recorded as an edge, so the node
@@ -18,7 +18,7 @@ unchanged. This keeps the decoded sample linked to its window leaf without any s
 ``k^d·(T-i-d)`` tail states per tree (CPU memory; see the docs).
 
 The window start is set once per training step in :meth:`TreeSampler.begin_step` (drawn with the step's generator
-from the law in :mod:`rlpost_treegrpo.window`, or the step's position on the ``progressive`` schedule), so every group
+from the law in :mod:`rlpost.ops.trees.window`, or the step's position on the ``progressive`` schedule), so every group
 and every rank of a step shares it and each step is one batched forward. It is published once: logged as the
 rollout statistic ``tree/window_start``; in-process readers (the bench) use the public :attr:`TreeSampler.window_start`.
 """
@@ -34,36 +34,35 @@ from torch import Tensor
 
 from rlpost import (
     CLEAN_SAMPLES,
+    DPM_TAIL_KERNEL,
     EDGE_LOG_PROBS,
     TREE,
     EdgeEval,
     LogProbReduction,
+    NoiseSource,
+    PerGroupNoise,
     Policy,
     PromptBatch,
     Range,
     Rollout,
     RolloutBuilder,
     Sampler,
+    SharedNoise,
     StepCounts,
     StepKernel,
-    evaluate_edges,
-    frontier_velocity,
-    make_kernel,
-)
-from rlpost_treegrpo.noise import NoiseSource, PerGroupNoise, SharedNoise
-from rlpost_treegrpo.tails import (
-    DPM_TAIL_KERNEL,
     TailGrid,
     TailSolver,
     TailStepper,
+    WindowLaw,
+    branch_children,
+    evaluate_edges,
+    expected_value,
+    frontier_velocity,
+    make_kernel,
+    num_starts,
     tail_nfe,
     tail_problems,
     tail_sigmas,
-)
-from rlpost_treegrpo.window import (
-    WindowLaw,
-    expected_value,
-    num_starts,
     window_law_problems,
     window_law_probs,
     window_law_repr,
@@ -102,7 +101,7 @@ class TreeSampler(Sampler):
         chunk_size: Maximum rows per transformer forward and per VAE decode (a memory budget; results do not
             depend on it beyond floating-point batch effects).
         ode_kernel: Deterministic kernel outside the window (only ``"ode"``, the Euler step, is supported).
-        tail: How leaves go from the window's end to ``σ = 0`` (beyond the paper: :mod:`rlpost_treegrpo.tails`).
+        tail: How leaves go from the window's end to ``σ = 0`` (beyond the paper: :mod:`rlpost.ops.trees.tails`).
             ``"full"`` (the paper's and the official code's): one Euler ODE step per remaining step of the run's
             grid. ``"euler"``: Euler steps on the tail grid below. ``"dpm-solver++"``: multistep DPM-Solver++ (2M,
             data prediction; order 1 at the tail's first and final step) on the tail grid, as MixGRPO-Flash.
@@ -341,18 +340,10 @@ class TreeSampler(Sampler):
             if start <= t < end:
                 # k children around the *same* step Gaussian: repeat parent rows, one noise block for all children.
                 z = noise.normal(f * k // batch.num_groups, x.shape[1:]).to(device)
-                out = sde.step(
-                    x.repeat_interleave(k, 0),
-                    v.repeat_interleave(k, 0),
-                    sigma.repeat_interleave(k, 0),
-                    sigma_next.repeat_interleave(k, 0),
-                    None,
-                    self.logprob_reduction,
-                    noise=z,
-                )
+                out = branch_children(sde, x, v, sigma, sigma_next, k, z, self.logprob_reduction)
                 parents, groups = ids.repeat_interleave(k), groups.repeat_interleave(k)
                 x_next, log_prob, trainable, kernel_index = out.next_latents, out.log_prob, True, 0
-            elif t >= end:  # the leaves' tail (rlpost_treegrpo.tails)
+            elif t >= end:  # the leaves' tail (rlpost.ops.trees.tails)
                 x_next, log_prob, kernel_index = tail.step(x, v, sigma, sigma_next)
                 parents, trainable = ids, False
             else:  # the trunk: Euler ODE steps

@@ -8,13 +8,8 @@ import pytest
 import torch
 
 from rlpost.core.contract import RewardScores, Rollout
-from rlpost_treegrpo.advantage import (
-    LeafZScoreAdvantage,
-    TreeBackupAdvantage,
-    backup_values,
-    calibrated_weights,
-    grouped_ess,
-)
+from rlpost.ops.trees.backup import backup_values, calibrated_weights, grouped_ess
+from rlpost_treegrpo.advantage import LeafZScoreAdvantage, TreeBackupAdvantage
 from tests.argument_checks import problems_of
 
 NAN = float("nan")

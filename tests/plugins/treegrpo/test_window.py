@@ -7,8 +7,8 @@ import torch
 from scipy.stats import chisquare
 
 from rlpost.core.contract import PromptBatch
+from rlpost.ops.trees.window import draw_window_start, progressive_start, progressive_starts, window_probs
 from rlpost_treegrpo.sampler import TreeSampler
-from rlpost_treegrpo.window import draw_window_start, progressive_start, progressive_starts, window_probs
 from tests.argument_checks import problems_of
 
 

@@ -1,8 +1,8 @@
-"""Where a TreeGRPO rollout's Gaussian draws come from: one generator for the batch, or one per prompt group.
+"""Where a tree rollout's Gaussian draws come from: one generator for the batch, or one per prompt group.
 
 ``TreeSampler.rollout`` draws everything from the step's generator (:class:`SharedNoise`); ``rollout_groups`` gives
 group ``j`` its own generator (:class:`PerGroupNoise`), drawing exactly what a one-group rollout with that generator
-draws, so both produce the same leaves (``rlpost_treegrpo/sampler.py``, "RNG order").
+draws, so both produce the same leaves (``plugins/rlpost_treegrpo/sampler.py``, "RNG order").
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlpost import Policy
+from rlpost.core.api import Policy
 
 __all__ = ["NoiseSource", "PerGroupNoise", "SharedNoise"]
 

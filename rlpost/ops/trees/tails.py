@@ -1,4 +1,5 @@
-"""TreeGRPO's tails: how the ``k^d`` leaves of a tree go from the window's end to ``σ = 0`` (beyond the paper).
+"""Tree tails: how the leaves of a tree go from the branching window's end to ``σ = 0`` (TreeGRPO's, beyond its paper;
+BranchGRPO and TempFlow-GRPO complete their children the same way).
 
 The leaves only need a good final image for the reward; their tail edges are never trained and carry no log-prob
 (``docs/algorithms/treegrpo.md``, "Cheap tails"). Three solvers (``tail``):
@@ -23,7 +24,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from rlpost import LogProbReduction, StepKernel, dpm_solver_pp2_step, shifted_tail_sigmas, subsampled_indices
+from rlpost.ops.dpm_solver import dpm_solver_pp2_step
+from rlpost.ops.kernels import LogProbReduction, StepKernel
+from rlpost.ops.schedules import shifted_tail_sigmas, subsampled_indices
 
 __all__ = ["DPM_TAIL_KERNEL", "TailGrid", "TailSolver", "TailStepper", "tail_nfe", "tail_problems", "tail_sigmas"]
 

@@ -1,4 +1,5 @@
-"""Window-start laws for TreeGRPO's SDE window (Ding & Ye, arXiv 2512.08153; docs/algorithms/treegrpo.md).
+"""Window-start laws for a tree sampler's SDE window (TreeGRPO: Ding & Ye, arXiv 2512.08153;
+docs/algorithms/treegrpo.md).
 
 The SDE window ``W_i = {i, …, i+d-1}`` must fit before the final step, so the start ranges over
 ``i ∈ {0, …, T-d-1}`` (``T-d`` values). Four laws are offered:
