@@ -11,8 +11,8 @@ from rlpost.ops.trees.backup import (
     backup_values,
     calibrated_weights,
     descendant_leaf_totals,
-    grouped_ess,
     edge_levels,
+    grouped_ess,
 )
 from rlpost.ops.trees.frontier import branch_children
 from rlpost.ops.trees.noise import NoiseSource, PerGroupNoise, SharedNoise
