@@ -33,6 +33,7 @@ ALGORITHMS = {
     "dancegrpo": "recipes/tiny/dancegrpo_qwenimage.yaml",
     "mixgrpo": "recipes/tiny/mixgrpo_qwenimage.yaml",
     "ddpo": "recipes/tiny/ddpo_qwenimage.yaml",
+    "branchgrpo": "recipes/tiny/branchgrpo_qwenimage.yaml",
 }
 
 

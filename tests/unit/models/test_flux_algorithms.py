@@ -36,6 +36,7 @@ ALGORITHMS = {
     "dancegrpo": "recipes/tiny/dancegrpo_flux.yaml",
     "mixgrpo": "recipes/tiny/mixgrpo_flux.yaml",
     "ddpo": "recipes/tiny/ddpo_flux.yaml",
+    "branchgrpo": "recipes/tiny/branchgrpo_flux.yaml",
 }
 
 

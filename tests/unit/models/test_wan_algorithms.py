@@ -40,6 +40,7 @@ ALGORITHMS = {
     "dancegrpo": "recipes/tiny/dancegrpo_wan.yaml",
     "mixgrpo": "recipes/tiny/mixgrpo_wan.yaml",
     "ddpo": "recipes/tiny/ddpo_wan.yaml",
+    "branchgrpo": "recipes/tiny/branchgrpo_wan.yaml",
 }
 EVAL_PROMPTS = ["a yellow star", "a purple ring"]  # recipes/tiny/treegrpo_wan.yaml's eval section
 EVAL_SEED, EVAL_STEPS = 5, 3
@@ -92,6 +93,8 @@ def test_two_steps_on_tiny_wan(
     videos = cfg["run"]["groups_per_step"] * cfg["run"].get("samples_per_group", 1)
     if algorithm == "treegrpo":
         videos *= cfg["sampler"]["init_args"]["k"] ** cfg["sampler"]["init_args"]["depth"]  # leaves per prompt
+    if algorithm == "branchgrpo":
+        videos *= cfg["sampler"]["init_args"]["num_splits"] ** len(cfg["sampler"]["init_args"]["split_points"])
     spy = _ScoreSpy(monkeypatch)
     lines, probe = train_two_iterations(recipe, tiny_wan_dir, tmp_path / "run")
     check_end_to_end(lines, probe)  # finite metrics, ratio 1 before the first update, weights moved
