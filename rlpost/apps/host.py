@@ -39,6 +39,7 @@ FIRST_PARTY_PLUGINS: dict[str, str] = {
     "awm": "rlpost_awm",
     "dgpo": "rlpost_dgpo",
     "tempflow": "rlpost_tempflow",
+    "branchgrpo": "rlpost_branchgrpo",
 }
 
 

@@ -56,6 +56,7 @@ SAMPLERS: dict[str, dict[str, Any]] = {
     "ddpo": {"num_steps": 4, "noise_level": 0.7, "timestep_fraction": 1.0},
     "solver": {"num_steps": 4, "solver": "sde-band", "noise_level": 0.7},
     "tempflow": {"num_steps": 4, "k": 2, "kernel": "flow-sde", "kernel_args": {"noise_level": 0.7}},
+    "branch": {"num_steps": 4, "split_points": [0, 1], "eta": 0.3, "split_noise_scale": 4.0},
 }
 
 
@@ -151,6 +152,7 @@ CASES: tuple[Case, ...] = (
     _estimator("tree-backup", "tree"),
     _estimator("leaf-zscore", "tree"),
     _estimator("group-zscore", "dance", eps=1e-8),
+    _estimator("branch-fusion", "branch"),
     _estimator("per-prompt", "ddpo", buffer_size=4, min_count=2),
     _estimator("tempflow", "tempflow"),
     _rule("clipped-surrogate", "tree", "tree-one-step", clip_range=1e-4, optimizer_steps=1, minibatch_edges=6),
@@ -167,6 +169,7 @@ CASES: tuple[Case, ...] = (
     ),
     _rule("tempflow", "tempflow", "comb-one-step", kl_coef=0.0, optimizer_steps=1, minibatch_edges=6),
     _rule("tempflow", "tempflow", "comb-kl-two-steps", kl_coef=0.1, optimizer_steps=2, minibatch_edges=2),
+    _rule("branch-surrogate", "branch", "branch-one-step", clip_range=1e-4, optimizer_steps=1, minibatch_edges=6),
     # The likelihood-free rules on the solver sampler's rollouts (clean samples, no trainable edge).
     _rule("nft", "solver", "solver", kl_beta=1e-4, minibatch_samples=3),
     _rule("awm", "solver", "solver", num_train_timesteps=2, time_type="discrete", minibatch_samples=3),

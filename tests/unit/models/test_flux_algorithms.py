@@ -37,6 +37,7 @@ ALGORITHMS = {
     "mixgrpo": "recipes/tiny/mixgrpo_flux.yaml",
     "ddpo": "recipes/tiny/ddpo_flux.yaml",
     "tempflow": "recipes/tiny/tempflow_flux.yaml",
+    "branchgrpo": "recipes/tiny/branchgrpo_flux.yaml",
 }
 
 

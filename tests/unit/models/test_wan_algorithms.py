@@ -41,6 +41,7 @@ ALGORITHMS = {
     "mixgrpo": "recipes/tiny/mixgrpo_wan.yaml",
     "ddpo": "recipes/tiny/ddpo_wan.yaml",
     "tempflow": "recipes/tiny/tempflow_wan.yaml",
+    "branchgrpo": "recipes/tiny/branchgrpo_wan.yaml",
 }
 EVAL_PROMPTS = ["a yellow star", "a purple ring"]  # recipes/tiny/treegrpo_wan.yaml's eval section
 EVAL_SEED, EVAL_STEPS = 5, 3
@@ -96,6 +97,8 @@ def test_two_steps_on_tiny_wan(
     if algorithm == "tempflow":
         comb = cfg["sampler"]["init_args"]  # trunks x k children at each of the first T-1 steps, per prompt
         videos = cfg["run"]["groups_per_step"] * comb["trunks_per_prompt"] * comb["k"] * (comb["num_steps"] - 1)
+    if algorithm == "branchgrpo":
+        videos *= cfg["sampler"]["init_args"]["num_splits"] ** len(cfg["sampler"]["init_args"]["split_points"])
     spy = _ScoreSpy(monkeypatch)
     lines, probe = train_two_iterations(recipe, tiny_wan_dir, tmp_path / "run")
     check_end_to_end(lines, probe)  # finite metrics, ratio 1 before the first update, weights moved
