@@ -38,6 +38,7 @@ FIRST_PARTY_PLUGINS: dict[str, str] = {
     "nft": "rlpost_nft",
     "awm": "rlpost_awm",
     "dgpo": "rlpost_dgpo",
+    "flowgrpo": "rlpost_flowgrpo",
 }
 
 
