@@ -55,6 +55,7 @@ SAMPLERS: dict[str, dict[str, Any]] = {
     },
     "ddpo": {"num_steps": 4, "noise_level": 0.7, "timestep_fraction": 1.0},
     "solver": {"num_steps": 4, "solver": "sde-band", "noise_level": 0.7},
+    "flow-grpo": {"num_steps": 4, "kernel": "sde", "noise_level": 0.7, "record_old_means": True},
 }
 
 
@@ -151,6 +152,9 @@ CASES: tuple[Case, ...] = (
     _estimator("leaf-zscore", "tree"),
     _estimator("group-zscore", "dance", eps=1e-8),
     _estimator("per-prompt", "ddpo", buffer_size=4, min_count=2),
+    _estimator("flow-grpo", "flow-grpo", global_std=False),
+    _rule("flow-grpo", "flow-grpo", "kl-two-steps", kl_coef=0.01, optimizer_steps=2, minibatch_edges=4),
+    _rule("flow-grpo", "flow-grpo", "grpo-guard", optimizer_steps=2, ratio_norm=True, minibatch_edges=4),
     _rule("clipped-surrogate", "tree", "tree-one-step", clip_range=1e-4, optimizer_steps=1, minibatch_edges=6),
     _rule(
         "clipped-surrogate",

@@ -33,6 +33,9 @@ ALGORITHMS = {
     "dancegrpo": "recipes/tiny/dancegrpo_qwenimage.yaml",
     "mixgrpo": "recipes/tiny/mixgrpo_qwenimage.yaml",
     "ddpo": "recipes/tiny/ddpo_qwenimage.yaml",
+    "flowgrpo": "recipes/tiny/flowgrpo_qwenimage.yaml",
+    "flowgrpo_fast": "recipes/tiny/flowgrpo_fast_qwenimage.yaml",
+    "grpo_guard": "recipes/tiny/grpo_guard_qwenimage.yaml",
 }
 
 
@@ -46,7 +49,7 @@ def test_two_steps_on_tiny_qwenimage(algorithm: str, tiny_qwenimage_dir: Path, t
     qwen = "rlpost_qwenimage.policy.QwenImagePolicy"  # the plugin's class, resolved from its short name
     run = tmp_path / "run"
     lines, model = check_recipe_trains_two_steps(ALGORITHMS[algorithm], tiny_qwenimage_dir, run, "qwen-image", qwen)
-    assert model["init_args"]["true_cfg_scale"] == (1.0 if algorithm == "treegrpo" else CFG)
+    assert model["init_args"]["true_cfg_scale"] == (1.0 if algorithm in ("treegrpo", "flowgrpo_fast") else CFG)
     if algorithm == "dancegrpo":
         # 2 groups x 4 samples x 4 steps, counted per row before the CFG doubling; the grid ends at 0.02 -> 0, so
         # only the first two steps are SDE steps and trained (clean_tail_steps() == 2).

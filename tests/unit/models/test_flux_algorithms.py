@@ -36,6 +36,9 @@ ALGORITHMS = {
     "dancegrpo": "recipes/tiny/dancegrpo_flux.yaml",
     "mixgrpo": "recipes/tiny/mixgrpo_flux.yaml",
     "ddpo": "recipes/tiny/ddpo_flux.yaml",
+    "flowgrpo": "recipes/tiny/flowgrpo_flux.yaml",
+    "flowgrpo_fast": "recipes/tiny/flowgrpo_fast_flux.yaml",
+    "grpo_guard": "recipes/tiny/grpo_guard_flux.yaml",
 }
 
 

@@ -40,6 +40,9 @@ ALGORITHMS = {
     "dancegrpo": "recipes/tiny/dancegrpo_wan.yaml",
     "mixgrpo": "recipes/tiny/mixgrpo_wan.yaml",
     "ddpo": "recipes/tiny/ddpo_wan.yaml",
+    "flowgrpo": "recipes/tiny/flowgrpo_wan.yaml",
+    "flowgrpo_fast": "recipes/tiny/flowgrpo_fast_wan.yaml",
+    "grpo_guard": "recipes/tiny/grpo_guard_wan.yaml",
 }
 EVAL_PROMPTS = ["a yellow star", "a purple ring"]  # recipes/tiny/treegrpo_wan.yaml's eval section
 EVAL_SEED, EVAL_STEPS = 5, 3
