@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from rlpost import EDGE_OLD_MEANS, PromptBatch
-from rlpost.models import LoraSpec
 from rlpost_flowgrpo.sampler import FlowGRPOSampler
 from tests.argument_checks import problems_of
 from tests.unit.components.chain_helpers import check_rollout_contract, perturb_lora
