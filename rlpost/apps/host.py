@@ -40,6 +40,7 @@ FIRST_PARTY_PLUGINS: dict[str, str] = {
     "dgpo": "rlpost_dgpo",
     "tempflow": "rlpost_tempflow",
     "branchgrpo": "rlpost_branchgrpo",
+    "flowgrpo": "rlpost_flowgrpo",
 }
 
 

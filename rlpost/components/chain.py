@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from rlpost.core.api import Policy, StepCounts
+from rlpost.core.api import EDGE_OLD_MEANS, Policy, StepCounts
 from rlpost.core.contract import PromptBatch, Rollout
 from rlpost.ops.dpm_solver import dpm_solver_pp2_step
 from rlpost.ops.kernels import LogProbReduction, StepKernel
@@ -156,6 +156,7 @@ def run_chains(
     noise: Tensor,
     chunk_size: int,
     reduction: LogProbReduction = "mean",
+    record_means: bool = False,
 ) -> Rollout:
     """Run ``S = G·K`` chains through ``plan``, batched across all chains (forwards chunked by ``chunk_size`` rows).
 
@@ -171,6 +172,8 @@ def run_chains(
         noise: ``[S, *latent_shape]`` initial states.
         chunk_size: Maximum rows per denoiser forward and per VAE decode.
         reduction: Log-prob reduction of stochastic kernels.
+        record_means: Also record every edge's step mean in ``Rollout.edge_extras[EDGE_OLD_MEANS]`` (the
+            ``edge-old-means`` capability; a deterministic step's mean is its next state). Off: nothing extra.
 
     Returns:
         The rollout; ``stats["perf/rollout_forwards"]`` counts denoiser rows (before CFG doubling).
@@ -208,19 +211,22 @@ def run_chains(
             x_next, x0 = dpm_solver_pp2_step(x, v, sigma, sigma_next, prev_sigma, prev_x0)
             prev_sigma, prev_x0 = sigma, x0
             log_prob = torch.full((s,), math.nan)
+            mean = x_next
         else:
             prev_sigma, prev_x0 = None, None
             z = None
             if kernel.stochastic:
                 z = _step_noise(x.shape, generator, k).to(device, torch.float32)
             out = kernel.step(x, v, sigma, sigma_next, generator=None, reduction=reduction, noise=z)
-            x_next, log_prob = out.next_latents, out.log_prob
+            x_next, log_prob, mean = out.next_latents, out.log_prob, out.mean
         child = builder.add_nodes(x_next, i + 1, groups)
         flags = plan.trainable[:, i]
         for flag in (True, False):
             rows = (flags == flag).nonzero().flatten()
             if rows.numel():
-                builder.add_edges(node[rows], child[rows], log_prob[rows.to(log_prob.device)], flag, kernel_index)
+                extras = {EDGE_OLD_MEANS: mean[rows.to(mean.device)]} if record_means else None
+                lp = log_prob[rows.to(log_prob.device)]
+                builder.add_edges(node[rows], child[rows], lp, flag, kernel_index, extras)
         x, node = x_next, child
     decoded = x if last_x0 is None else last_x0
     media = torch.cat([policy.decode(decoded[j : j + chunk_size]) for j in range(0, s, chunk_size)])
@@ -236,6 +242,7 @@ def rollout_chains(
     shared_noise: bool,
     chunk_size: int,
     reduction: LogProbReduction,
+    record_means: bool = False,
 ) -> Rollout:
     """One rollout of ``G·K`` independent chains of ``num_steps`` steps (DanceGRPO, DDPO): initial noise first (see
     :func:`shared_or_independent_noise`), then ``plan(sigmas, G·K, generator)``, then :func:`run_chains`. The draw
@@ -245,6 +252,7 @@ def rollout_chains(
     rollout of that group alone draws, in the same order (its noise, its ``K`` plan rows, its ``K`` rows of each
     step's noise); the forwards still run over all groups at once, so the result equals one rollout per group up to
     floating-point batch effects and the order of edge rows, with ``G`` times fewer transformer calls.
+    ``record_means`` is :func:`run_chains`'.
 
     Raises:
         ValueError: When a list of generators does not hold one per group.
@@ -257,7 +265,7 @@ def rollout_chains(
     else:
         plans = [plan(sigmas, k, g) for g in generator]
         chains = replace(plans[0], trainable=torch.cat([p.trainable for p in plans]))
-    return run_chains(policy, batch, generator, chains, noise, chunk_size, reduction)
+    return run_chains(policy, batch, generator, chains, noise, chunk_size, reduction, record_means)
 
 
 def _check_generators(generator: torch.Generator | Sequence[torch.Generator], num_groups: int) -> None:

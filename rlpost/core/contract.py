@@ -117,6 +117,9 @@ class Rollout:
             ``logprob_reduction``); NaN for edges a deterministic kernel produced.
         trainable: ``[E]`` bool, edges the optimizer rule may train (SDE edges in the window, a timestep subset ...).
         edge_kernel: ``[E]`` long, index into ``kernels`` naming the step kernel that produced the edge.
+        edge_extras: Optional per-edge tensors by name, each with ``E`` rows (e.g. the behaviour step mean
+            ``[E, *latent_shape]`` under the ``edge-old-means`` capability's name, which GRPO-Guard's ratio
+            normalisation needs). Empty unless a sampler was asked to record one, so it costs nothing otherwise.
 
     Samples (``S`` rows), the media that were decoded and scored (leaves of trees, ends of chains):
         sample_node: ``[S]`` long, the node whose state was decoded.
@@ -151,6 +154,7 @@ class Rollout:
     group_offset: int = 0
     stash: Stash = field(default_factory=Stash)
     stats: dict[str, float] = field(default_factory=dict)
+    edge_extras: dict[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -239,6 +243,10 @@ class Rollout:
         ):
             if int(tensor.shape[0]) != size:
                 problems.append(f"{name} has {int(tensor.shape[0])} rows, expected {size}")
+        for name, tensor in self.edge_extras.items():
+            if not isinstance(tensor, Tensor) or tensor.ndim < 1 or int(tensor.shape[0]) != e:
+                rows = int(tensor.shape[0]) if isinstance(tensor, Tensor) and tensor.ndim else "no"
+                problems.append(f"edge_extras[{name!r}] has {rows} rows, expected {e}")
         if e and (
             int(self.edge_parent.max()) >= n or int(self.edge_child.max()) >= n or int(self.edge_parent.min()) < 0
         ):

@@ -37,6 +37,9 @@ def merge_rollouts(parts: Sequence[Rollout]) -> Rollout:
     kernels = parts[0].kernels
     if any(p.kernels != kernels for p in parts):
         raise ValueError("merge_rollouts: parts use different kernel lists")
+    extras = sorted(parts[0].edge_extras)
+    if any(sorted(p.edge_extras) != extras for p in parts):
+        raise ValueError("merge_rollouts: parts record different edge_extras")
     base = min(p.group_offset for p in parts)
     count = max(p.group_offset - base + p.num_groups for p in parts)
     prompts: list[str | None] = [None] * count
@@ -82,5 +85,6 @@ def merge_rollouts(parts: Sequence[Rollout]) -> Rollout:
         group_offset=base,
         stash=parts[0].stash,
         stats=merge_stats([p.stats for p in parts]),
+        edge_extras={name: torch.cat([p.edge_extras[name] for p in parts]) for name in extras},
         **{k: torch.cat(v) for k, v in cat.items()},
     )

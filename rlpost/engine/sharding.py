@@ -118,7 +118,8 @@ def begin_step(sampler: Sampler, seed: int, step: int) -> None:
 
 
 def skeleton(rollout: Rollout) -> Rollout:
-    """The rollout's tables without latents and pixels: what an advantage estimator may read, cheap to gather."""
+    """The rollout's tables without latents and pixels: what an advantage estimator may read, cheap to gather.
+    Latent-sized ``edge_extras`` stay on their rank (the update rule reads them from the rank's own rollout)."""
     return replace(
         rollout,
         states=torch.empty(rollout.num_nodes, 0),
@@ -134,6 +135,7 @@ def skeleton(rollout: Rollout) -> Rollout:
         sample_node=rollout.sample_node.cpu(),
         sample_group=rollout.sample_group.cpu(),
         stats=dict(rollout.stats),
+        edge_extras={},
     )
 
 

@@ -316,8 +316,9 @@ class CPSKernel(StepKernel):
 
     def log_prob(self, x_next: Tensor, mean: Tensor, std: Tensor, reduction: LogProbReduction = "mean") -> Tensor:
         if self.log_prob_kind == "flow-grpo":
-            # Flow-GRPO's CPS surrogate: negative squared error, no constants or variance scaling.
-            sq = -((as_f32(x_next) - as_f32(mean)) ** 2)
+            # Flow-GRPO's CPS surrogate: negative squared error, no constants or variance scaling. Reduced in fp64
+            # like gaussian_log_prob: evaluate_edges and Rollout.old_log_probs hold fp64 log-probs.
+            sq = -((x_next.double() - mean.double()) ** 2)
             dims = tuple(range(1, sq.ndim))
             return sq.mean(dim=dims) if reduction == "mean" else sq.sum(dim=dims)
         lp = gaussian_log_prob(x_next, mean, std, reduction)

@@ -36,6 +36,7 @@ class RolloutBuilder:
         self._steps: list[Tensor] = []
         self._groups: list[Tensor] = []
         self._edges: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = []
+        self._extras: dict[str, list[Tensor]] = {}
         self._count = 0
 
     def add_nodes(self, states: Tensor, step: int, groups: Tensor) -> Tensor:
@@ -48,9 +49,32 @@ class RolloutBuilder:
         self._groups.append(groups.detach().long().cpu())
         return ids
 
-    def add_edges(self, parent: Tensor, child: Tensor, log_prob: Tensor, trainable: bool, kernel: int) -> None:
-        """Record ``B`` edges ``parent[i] -> child[i]`` produced by kernel index ``kernel``."""
+    def add_edges(
+        self,
+        parent: Tensor,
+        child: Tensor,
+        log_prob: Tensor,
+        trainable: bool,
+        kernel: int,
+        extras: dict[str, Tensor] | None = None,
+    ) -> None:
+        """Record ``B`` edges ``parent[i] -> child[i]`` produced by kernel index ``kernel``.
+
+        ``extras`` are optional per-edge tensors (``B`` rows each, stored fp32 on the CPU) that become
+        ``Rollout.edge_extras``; every call of one rollout must pass the same names (or none at all).
+        """
         b = parent.shape[0]
+        names = sorted(extras or {})
+        if self._edges and names != sorted(self._extras):
+            earlier = sorted(self._extras)
+            raise ValueError(f"RolloutBuilder.add_edges: extras {names} differ from earlier edges' {earlier}")
+        for name in names:
+            assert extras is not None
+            value = extras[name]
+            if int(value.shape[0]) != b:
+                rows = int(value.shape[0])
+                raise ValueError(f"RolloutBuilder.add_edges: extra {name!r} has {rows} rows, expected {b}")
+            self._extras.setdefault(name, []).append(value.detach().float().cpu())
         self._edges.append(
             (
                 parent.long().cpu(),
@@ -89,6 +113,7 @@ class RolloutBuilder:
             media=media.detach().cpu(),
             group_offset=self.batch.group_offset,
             stats=dict(stats or {}),
+            edge_extras={name: torch.cat(parts) for name, parts in self._extras.items()},
         )
 
 

@@ -202,6 +202,26 @@ ALLOWED: dict[tuple[str, str], str] = {
         "assert torch.equal(plan.trainable.sum(1), torch.full((64,), 4))",
     ): "no-arithmetic",
     (
+        "tests/plugins/flowgrpo/test_sampler.py",
+        "assert torch.equal(rollout.trainable, window)",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/flowgrpo/test_sampler.py",
+        "assert torch.equal(rollout.edge_kernel == 0, window)  # SDE inside the window, ODE outside",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/flowgrpo/test_sampler.py",
+        "assert torch.equal(rollout.trainable, steps < sampler.train_steps)",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/flowgrpo/test_sampler.py",
+        "assert torch.equal(roots[0], roots[1]) and not torch.equal(roots[0], roots[2])",
+    ): "no-arithmetic",
+    (
+        "tests/plugins/flowgrpo/test_sampler.py",
+        "assert torch.equal(together.edge_step[rows & together.trainable], part.edge_step[part.trainable])",
+    ): "no-arithmetic",
+    (
         "tests/plugins/mixgrpo/test_mixgrpo.py",
         "assert torch.equal(rollout.trainable, (steps >= expected_start) & (steps < expected_start + 2))",
     ): "no-arithmetic",

@@ -57,6 +57,7 @@ SAMPLERS: dict[str, dict[str, Any]] = {
     "solver": {"num_steps": 4, "solver": "sde-band", "noise_level": 0.7},
     "tempflow": {"num_steps": 4, "k": 2, "kernel": "flow-sde", "kernel_args": {"noise_level": 0.7}},
     "branch": {"num_steps": 4, "split_points": [0, 1], "eta": 0.3, "split_noise_scale": 4.0},
+    "flow-grpo": {"num_steps": 4, "kernel": "sde", "noise_level": 0.7, "record_old_means": True},
 }
 
 
@@ -155,6 +156,9 @@ CASES: tuple[Case, ...] = (
     _estimator("branch-fusion", "branch"),
     _estimator("per-prompt", "ddpo", buffer_size=4, min_count=2),
     _estimator("tempflow", "tempflow"),
+    _estimator("flow-grpo", "flow-grpo", global_std=False),
+    _rule("flow-grpo", "flow-grpo", "kl-two-steps", kl_coef=0.01, optimizer_steps=2, minibatch_edges=4),
+    _rule("flow-grpo", "flow-grpo", "grpo-guard", optimizer_steps=2, ratio_norm=True, minibatch_edges=4),
     _rule("clipped-surrogate", "tree", "tree-one-step", clip_range=1e-4, optimizer_steps=1, minibatch_edges=6),
     _rule(
         "clipped-surrogate",

@@ -18,7 +18,14 @@ from collections.abc import Iterator
 
 from rlpost.core.api.advantage import AdvantageEstimator, Advantages
 from rlpost.core.api.arguments import InvalidArguments, Range
-from rlpost.core.api.capabilities import CHAINS, CLEAN_SAMPLES, EDGE_LOG_PROBS, TREE, missing_capabilities
+from rlpost.core.api.capabilities import (
+    CHAINS,
+    CLEAN_SAMPLES,
+    EDGE_LOG_PROBS,
+    EDGE_OLD_MEANS,
+    TREE,
+    missing_capabilities,
+)
 from rlpost.core.api.component import Component
 from rlpost.core.api.copies import LIVE, REFERENCE, WeightCopies
 from rlpost.core.api.policy import Conditioning, Policy, resolve_guidance
@@ -38,6 +45,7 @@ __all__ = [
     "CHAINS",
     "CLEAN_SAMPLES",
     "EDGE_LOG_PROBS",
+    "EDGE_OLD_MEANS",
     "LIVE",
     "REFERENCE",
     "TREE",

@@ -23,6 +23,7 @@ __all__ = [
     "CLEAN_SAMPLES",
     "DEFAULT_UPDATE_REQUIRES",
     "EDGE_LOG_PROBS",
+    "EDGE_OLD_MEANS",
     "KNOWN_CAPABILITIES",
     "TREE",
     "missing_capabilities",
@@ -42,7 +43,13 @@ CHAINS: Final = "chains"
 TREE: Final = "tree"
 """Samples share ancestors in a branching tree whose node table an estimator backs leaf rewards up through."""
 
-KNOWN_CAPABILITIES: Final = frozenset({EDGE_LOG_PROBS, CLEAN_SAMPLES, CHAINS, TREE})
+EDGE_OLD_MEANS: Final = "edge-old-means"
+"""Rollouts carry the behaviour policy's step mean of every edge, ``Rollout.edge_extras[EDGE_OLD_MEANS]``
+(``[E, *latent_shape]`` fp32; for a deterministic edge its next state). GRPO-Guard's ratio normalisation
+(arXiv 2510.22319) re-centres the log-ratio with it. Recording it costs one latent per edge, so samplers provide it
+only when asked."""
+
+KNOWN_CAPABILITIES: Final = frozenset({EDGE_LOG_PROBS, EDGE_OLD_MEANS, CLEAN_SAMPLES, CHAINS, TREE})
 """The capabilities rlpost defines (plugins may define more)."""
 
 DEFAULT_UPDATE_REQUIRES: Final = frozenset({EDGE_LOG_PROBS})

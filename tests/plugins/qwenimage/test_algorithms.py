@@ -35,6 +35,9 @@ ALGORITHMS = {
     "ddpo": "recipes/tiny/ddpo_qwenimage.yaml",
     "tempflow": "recipes/tiny/tempflow_qwenimage.yaml",
     "branchgrpo": "recipes/tiny/branchgrpo_qwenimage.yaml",
+    "flowgrpo": "recipes/tiny/flowgrpo_qwenimage.yaml",
+    "flowgrpo_fast": "recipes/tiny/flowgrpo_fast_qwenimage.yaml",
+    "grpo_guard": "recipes/tiny/grpo_guard_qwenimage.yaml",
 }
 
 
@@ -48,9 +51,10 @@ def test_two_steps_on_tiny_qwenimage(algorithm: str, tiny_qwenimage_dir: Path, t
     qwen = "rlpost_qwenimage.policy.QwenImagePolicy"  # the plugin's class, resolved from its short name
     run = tmp_path / "run"
     lines, model = check_recipe_trains_two_steps(ALGORITHMS[algorithm], tiny_qwenimage_dir, run, "qwen-image", qwen)
+    # trees and Flow-GRPO-Fast's nocfg preset: no CFG
     assert model["init_args"]["true_cfg_scale"] == (
-        1.0 if algorithm in ("treegrpo", "branchgrpo") else CFG
-    )  # trees: no CFG
+        1.0 if algorithm in ("treegrpo", "branchgrpo", "flowgrpo_fast") else CFG
+    )
     if algorithm == "dancegrpo":
         # 2 groups x 4 samples x 4 steps, counted per row before the CFG doubling; the grid ends at 0.02 -> 0, so
         # only the first two steps are SDE steps and trained (clean_tail_steps() == 2).

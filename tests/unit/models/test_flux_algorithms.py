@@ -38,6 +38,9 @@ ALGORITHMS = {
     "ddpo": "recipes/tiny/ddpo_flux.yaml",
     "tempflow": "recipes/tiny/tempflow_flux.yaml",
     "branchgrpo": "recipes/tiny/branchgrpo_flux.yaml",
+    "flowgrpo": "recipes/tiny/flowgrpo_flux.yaml",
+    "flowgrpo_fast": "recipes/tiny/flowgrpo_fast_flux.yaml",
+    "grpo_guard": "recipes/tiny/grpo_guard_flux.yaml",
 }
 
 

@@ -42,6 +42,9 @@ ALGORITHMS = {
     "ddpo": "recipes/tiny/ddpo_wan.yaml",
     "tempflow": "recipes/tiny/tempflow_wan.yaml",
     "branchgrpo": "recipes/tiny/branchgrpo_wan.yaml",
+    "flowgrpo": "recipes/tiny/flowgrpo_wan.yaml",
+    "flowgrpo_fast": "recipes/tiny/flowgrpo_fast_wan.yaml",
+    "grpo_guard": "recipes/tiny/grpo_guard_wan.yaml",
 }
 EVAL_PROMPTS = ["a yellow star", "a purple ring"]  # recipes/tiny/treegrpo_wan.yaml's eval section
 EVAL_SEED, EVAL_STEPS = 5, 3
