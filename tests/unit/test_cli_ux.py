@@ -1,0 +1,111 @@
+"""The command line as a person meets it: ``rlpost sample`` needs only the model and its weights, ``--resume latest`` on
+a finished run says so with its own exit status, ``--traceback`` shows a failing plugin's traceback, component help
+for every registered name, and each subcommand's own ``--help``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+from safetensors.torch import load_file
+
+from rlpost.apps import cli
+from rlpost.apps.host import build_host
+from rlpost.core.api import RewardSource
+from rlpost.core.hookspecs import hookimpl
+from rlpost.core.plugins import PluginHost
+from rlpost.engine.evaluation import ode_sample
+from tests import toy_components
+from tests.toy_components import toy_recipe
+
+
+class FailingReward(RewardSource):
+    """Raises from a helper while scoring (the frame to find in the traceback)."""
+
+    name: ClassVar[str] = "cli-failing-reward"
+
+    def score(self, media: torch.Tensor, prompts: Any, metadata: Any) -> torch.Tensor:
+        return _deep_inside_the_plugin()
+
+
+def _deep_inside_the_plugin() -> torch.Tensor:
+    raise ValueError("the reward model is on fire")
+
+
+@hookimpl
+def rlpost_register_reward_sources(register: Any) -> None:
+    register(FailingReward)
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch) -> PluginHost:
+    built = build_host(load_entrypoints=False, extra_plugins=(toy_components, sys.modules[__name__]))
+    monkeypatch.setattr(cli, "get_host", lambda: built)
+    return built
+
+
+def _recipe(tmp_path: Path, **changes: Any) -> Path:
+    cfg = toy_recipe(str(tmp_path / "run"), max_steps=2)
+    cfg.update(changes)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _images(folder: Path) -> list[np.ndarray]:
+    return [np.asarray(Image.open(p)) for p in sorted(folder.glob("*.png"))]
+
+
+# ------------------------------------------------------------------------------------------------- rlpost sample
+
+
+def test_sample_needs_neither_the_runs_reward_plugins_nor_its_prompt_files(tmp_path, host, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\na dog\n")
+    recipe = _recipe(
+        tmp_path,
+        prompts={"class_path": "prompt-file", "init_args": {"path": str(prompts)}},
+        torch_optimizer={"class_path": "torch.optim.SGD", "init_args": {"lr": 30.0}},  # moves the weight visibly
+    )
+    assert cli.main(["train", "--recipe", str(recipe)]) == 0
+    run = tmp_path / "run"
+    sample = ["sample", "--run", str(run), "--prompt", "a cat", "--prompt", "a fish", "--seed", "3"]
+    assert cli.main([*sample, "--out", str(tmp_path / "before")]) == 0
+    before = _images(tmp_path / "before")
+    assert len(before) == 2
+    # The run moves to a host without its reward plugin and without its prompt file.
+    stored = yaml.safe_load((run / "recipe.yaml").read_text())
+    stored["rewards"] = [{"class_path": "rlpost_reward_not_installed.rewards.Gone", "init_args": {"x": 1}}]
+    (run / "recipe.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    prompts.unlink()
+    capsys.readouterr()
+    assert cli.main([*sample, "--out", str(tmp_path / "after")]) == 0, capsys.readouterr().err
+    after = _images(tmp_path / "after")
+    assert len(after) == 2 and all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    # Independently: the toy policy with the checkpoint's weight, sampled with the run's eval-less default (the
+    # sampler's 3 steps) and seeds 3, 4; the untrained policy samples other images.
+    trained = load_file(run / "checkpoints" / "step_000002" / "weights.safetensors")["trainable.0000"]
+    for scale, same in ((float(trained), True), (-1.0, False)):
+        policy = toy_components.ToyPolicy(scale=scale)
+        policy.setup(torch.device("cpu"))
+        expected = ode_sample(policy, ["a cat", "a fish"], [3, 4], 3, 4)[:, 0].numpy()
+        assert all(np.array_equal(a, b) for a, b in zip(expected, after, strict=True)) is same
+
+
+def test_sample_still_names_a_missing_model_plugin(tmp_path, host, capsys):
+    recipe = _recipe(tmp_path)
+    assert cli.main(["train", "--recipe", str(recipe)]) == 0
+    run = tmp_path / "run"
+    stored = yaml.safe_load((run / "recipe.yaml").read_text())
+    stored["model"] = {"class_path": "no-such-model"}
+    (run / "recipe.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    capsys.readouterr()
+    assert cli.main(["sample", "--run", str(run), "--prompt", "a cat", "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "model.class_path: unknown model 'no-such-model'" in err and "Traceback" not in err
