@@ -17,6 +17,10 @@ overlays earlier ones (values are parsed as YAML; ``--sampler.k 4`` means ``samp
 ``rlpost train --help`` lists every option with the help text taken from the components' docstrings;
 ``--sampler.help tree`` lists one component's options.
 Third-party progress bars and notices are silenced; ``RLPOST_VERBOSE=1`` keeps them.
+
+Exit status: 0 done; 2 a bad recipe, option or file (each problem named); 3 stopped by a non-finite guard;
+4 a plugin failed at run time (``--traceback`` or ``RLPOST_TRACEBACK=1`` prints its traceback); 5 nothing to do
+(``--resume`` of a run that already reached ``run.max_steps``: raise it to train further).
 """
 
 from __future__ import annotations
@@ -40,11 +44,15 @@ from rlpost.apps.host import get_host
 from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
 from rlpost.core.user_files import UserFileError
-from rlpost.engine.checkpoint import CheckpointError
+from rlpost.engine.checkpoint import CheckpointError, RunFinishedError
 from rlpost.engine.guards import NonFiniteError
 from rlpost.engine.recipe import Recipe, RecipeError, build_parser, parse_recipe_args, validate
 
 __all__ = ["main"]
+
+
+EXIT_NOTHING_TO_DO = 5
+"""``rlpost train --resume`` of a run whose checkpoint already reached ``run.max_steps``."""
 
 
 class UsageError(Exception):
@@ -295,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecipeError as exc:
         print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
         return 2
+    except RunFinishedError as exc:  # before CheckpointError, its base: not a failure, a distinct status
+        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
+        return EXIT_NOTHING_TO_DO
     except (UsageError, FileExistsError, CheckpointError, UserFileError) as exc:  # each names its file or option
         print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
         return 2

@@ -26,7 +26,7 @@ from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
 from rlpost.engine import evaluation, lr_schedule, persistence
 from rlpost.engine.backend import EngineBackend, LocalBackend, resolve_device
-from rlpost.engine.checkpoint import CheckpointError, CheckpointInfo
+from rlpost.engine.checkpoint import CheckpointError, CheckpointInfo, RunFinishedError
 from rlpost.engine.distributed import DeepSpeedBackend, World
 from rlpost.engine.ema import EMA
 from rlpost.engine.evaluation import Evaluator
@@ -110,6 +110,7 @@ class Runner:
         Raises:
             CheckpointError: The resume cannot be honoured (checked before any weights load) or the run directory
                 cannot be written; ``FileExistsError``: a new run's directory holds a run that trained.
+            RunFinishedError: The resumed checkpoint already reached ``run.max_steps`` (before any weights load).
             RecipeError: The model or a reward cannot read its files (e.g. corrupt weights, named by the loader).
             SpeedupRatioError: The speed-ups change the importance ratio beyond ``run.accelerate.ratio_tolerance``.
         """
@@ -120,6 +121,8 @@ class Runner:
                 self.resume, self.rundir.path, r.config, self.seed
             )
             self.rundir, self.ctx.output_dir, self.shard.seed = RunDirectory(run_dir), run_dir, self.seed
+            if checkpoint is not None and checkpoint.step >= r.run.max_steps:
+                raise RunFinishedError(checkpoint.path, checkpoint.step, r.run.max_steps)
         if r.distributed is not None:
             self._start_world()
         earlier = False  # an attempt without a checkpoint had logged here (a resume without one restarts it)

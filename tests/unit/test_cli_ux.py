@@ -109,3 +109,39 @@ def test_sample_still_names_a_missing_model_plugin(tmp_path, host, capsys):
     assert cli.main(["sample", "--run", str(run), "--prompt", "a cat", "--out", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err
     assert "model.class_path: unknown model 'no-such-model'" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------- resume of a finished run
+
+
+def test_resume_latest_of_a_finished_run_says_how_to_extend_it_without_loading_the_model(
+    tmp_path, host, monkeypatch, capsys
+):
+    recipe = _recipe(tmp_path, checkpoint={"every": 1})
+    assert cli.main(["train", "--recipe", str(recipe)]) == 0
+    run = tmp_path / "run"
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+
+    def no_loading(self: Any, device: Any) -> None:
+        raise AssertionError("the model must not load for a run with nothing left to do")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(toy_components.ToyPolicy, "setup", no_loading)
+        assert cli.main(["train", "--recipe", str(recipe), "--resume", "latest"]) == cli.EXIT_NOTHING_TO_DO == 5
+        err = capsys.readouterr().err
+        assert "nothing left to do" in err and "step_000002 is at step 2 and run.max_steps is 2" in err
+        assert "--run.max_steps N (N > 2)" in err and "completed" not in err and "Traceback" not in err
+        # A smaller run.max_steps, or the run directory named instead of latest: the same.
+        assert cli.main(["train", "--recipe", str(recipe), "--run.max_steps", "1", "--resume", str(run)]) == 5
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == files  # nothing written
+    # The way out the message names works.
+    assert cli.main(["train", "--recipe", str(recipe), "--run.max_steps", "3", "--resume", "latest"]) == 0
+    assert "completed 3 step(s)" in capsys.readouterr().err
+
+
+def test_exit_statuses_are_documented_in_the_top_level_help(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for status in ("0 done", "2 a bad recipe", "3 stopped by a non-finite guard", "4 a plugin failed", "5 nothing"):
+        assert status in out, status
