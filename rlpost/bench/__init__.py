@@ -107,7 +107,8 @@ MAX_RESULT_BYTES = 256 * 1024 * 1024
 
 def main(argv: Sequence[str]) -> int:
     """``rlpost bench --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]``."""
-    parser = argparse.ArgumentParser(prog="rlpost bench", description=__doc__.split("\n\n")[0])
+    description = __doc__.split("\n\n")[0].replace("``", "")
+    parser = argparse.ArgumentParser(prog="rlpost bench", description=description)
     parser.add_argument("--recipe", help="bench recipe (e.g. recipes/bench/digits.yaml)")
     parser.add_argument("--out", default=None, help="output directory (default: bench.output_dir)")
     parser.add_argument(

@@ -145,3 +145,87 @@ def test_exit_statuses_are_documented_in_the_top_level_help(capsys):
     out = capsys.readouterr().out
     for status in ("0 done", "2 a bad recipe", "3 stopped by a non-finite guard", "4 a plugin failed", "5 nothing"):
         assert status in out, status
+
+
+# ---------------------------------------------------------------------------------------------- --traceback
+
+
+@pytest.mark.parametrize("how", ["default", "option", "environment"])
+def test_a_raising_reward_plugin_shows_its_traceback_on_request(tmp_path, host, monkeypatch, capsys, how):
+    monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
+    recipe = _recipe(tmp_path, rewards=[{"class_path": "cli-failing-reward"}])
+    argv = ["train", "--recipe", str(recipe)]
+    if how == "option":
+        argv.append("--traceback")
+    elif how == "environment":
+        monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
+    assert cli.main(argv) == 4
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # the one line naming the plugin stays the last
+    assert last.startswith("rlpost train: reward 'cli-failing-reward'") and "the reward model is on fire" in last
+    if how == "default":
+        assert "Traceback" not in err and "--traceback or RLPOST_TRACEBACK=1 shows" in last
+    else:  # the plugin's own frames, down to the line that raised
+        assert "Traceback (most recent call last)" in err and "ValueError: the reward model is on fire" in err
+        assert "_deep_inside_the_plugin" in err and 'raise ValueError("the reward model is on fire")' in err
+
+
+# --------------------------------------------------------------------------------------------------- help
+
+
+def _help(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """What ``rlpost ARGV`` prints on stdout, exiting 0 (argparse's help exits through SystemExit, as the console
+    script does)."""
+    try:
+        status = cli.main(argv)
+    except SystemExit as exc:
+        status = exc.code or 0
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    return captured.out
+
+
+def test_component_help_works_for_every_registered_name(capsys):
+    from rlpost.apps.host import get_host
+    from rlpost.engine.recipe.names import NAMED_HELP_OPTIONS
+
+    host = get_host()
+    options: dict[str, str] = {}
+    for key, kind in NAMED_HELP_OPTIONS.items():
+        options.setdefault(kind, key)
+    tried = []
+    for kind, key in options.items():
+        for name in host.registry(kind).names():
+            out = _help(capsys, ["train", f"--{key}.help", name])
+            line = next((x for x in out.splitlines() if x.startswith(f"Help for --{key}.help=")), "")
+            assert line.endswith("." + host.registry(kind).get(name).cls.__name__), (key, name, out[:300])
+            tried.append(name)
+    assert "hps-v2.1" in tried  # a registered name with a dot in it
+
+
+SUBCOMMANDS = {
+    "train": "Train with a recipe",
+    "validate": "Validate a recipe",
+    "sample": "Generate PNGs",
+    "export": "Write a run's diffusers-loadable weights",
+    "plugins": "List plugins",
+    "recipes": "List the shipped recipes",
+    "bench": "TreeGRPO, DanceGRPO, MixGRPO and DDPO side by side",
+}
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_each_subcommand_help_is_its_own(command, capsys):
+    out = _help(capsys, [command, "--help"])
+    assert out.startswith(f"usage: rlpost {command} "), out[:200]
+    assert SUBCOMMANDS[command] in " ".join(out.split()), out[:600]
+    assert "``" not in out
+    if command == "validate":  # train's own options are not validate's
+        assert "--resume" not in out and "--print_config" not in out and "--recipe RECIPE" in out
+    if command == "train":
+        assert "--resume" in out and "--print_config" in out and "--traceback" in out
+
+
+def test_plugins_list_help_is_its_own(capsys):
+    out = _help(capsys, ["plugins", "list", "--help"])
+    assert out.startswith("usage: rlpost plugins list") and "--json" in out
