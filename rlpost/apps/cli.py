@@ -167,12 +167,17 @@ def cmd_train(args: Sequence[str]) -> int:
     if os.environ.get("RANK", "0") == "0":  # only the main process prints under torchrun / deepspeed
         _print_derived(recipe, console)
     runner = Runner(recipe, host, resume=namespace.resume)
+    progress: RichProgress | None = None
     if recipe.run.progress and runner.ctx.is_main_process:
-        host.register_plugin(RichProgress(console), name="rlpost.apps.progress")
+        progress = RichProgress(console)
+        host.register_plugin(progress, name="rlpost.apps.progress")
+        runner.phases.listeners.append(progress)  # loading, evaluations and checkpoints show as phases
     try:
         runner.run()
     finally:
         host.unregister_plugin("rlpost.apps.progress")
+        if progress is not None:
+            progress.phases.close()
     if runner.ctx.is_main_process:  # also without the progress bar: a run ends with at least one line saying so
         if runner.status == "stopped":  # eval.alarm.stop ended the run early
             what = f"stopped by the reward-hacking alarm after {runner.ctx.step} step(s)"

@@ -94,7 +94,7 @@ class Runner:
         self.status: RunStatus | None = None  # the final status finish() recorded
         self._state: RunState | None = None  # the parts checkpoints save and restore, built once by setup()
         self.phases = PhaseTimer()
-        """Wall time of each step phase and of evaluations (:mod:`rlpost.engine.phases`)."""
+        """Wall time of each step phase, of loading, evaluations and checkpoints (:mod:`rlpost.engine.phases`)."""
         self.ratio_check: SpeedupCheck | None = None
         """What the speed-up guard measured at set-up (:mod:`rlpost.engine.ratio_guard`: a ``RatioCheck`` for a rule
         requiring edge-log-probs, else a ``LossCheck``); ``None`` without speed-ups."""
@@ -135,9 +135,10 @@ class Runner:
         random.seed(self.seed)
         np.random.seed(self.seed % 2**32)
         try:  # unreadable or corrupt weights (the loaders name the file) are a bad input, not a bug
-            r.model.setup(self.device)
-            apply_acceleration(r.model, r.run.accelerate)
-            set_up_rewards(r.rewards, self.device, self.host)
+            with self.phases.timed("load"):
+                r.model.setup(self.device)
+                apply_acceleration(r.model, r.run.accelerate)
+                set_up_rewards(r.rewards, self.device, self.host)
         except OSError as exc:
             raise RecipeError([str(exc)]) from None
         params = r.model.trainable_parameters()
@@ -356,7 +357,8 @@ class Runner:
         Raises:
             CheckpointError: The trainable (or EMA) weights are not finite: nothing is written.
         """
-        path = persistence.save_checkpoint(self._run_state(), reason)
+        with self.phases.timed("checkpoint"):
+            path = persistence.save_checkpoint(self._run_state(), reason)
         if path is not None:
             self.last_saved_step = self.ctx.step
         return path
