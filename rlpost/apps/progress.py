@@ -5,7 +5,7 @@ and report) as a spinner while they run and a line when they end, and the end-of
 :class:`RichProgress` is a lifecycle plugin registered on the main process only, and a
 :class:`~rlpost.engine.phases.PhaseListener` of the runner's ``runner.phases``; :class:`PhaseDisplay` shows the phases
 of anything with a :class:`~rlpost.engine.phases.PhaseTimer` (``rlpost bench``). Only this module and
-``rlpost.apps.cli`` import rich: the runner stays free of UI code.
+``rlpost.apps.cli`` import rich (``rlpost bench`` uses :class:`PhaseDisplay`): the runner stays free of UI code.
 """
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ class PhaseDisplay:
     evaluation within the bench's training) show the innermost; the outer one's spinner comes back after it.
 
     Args:
-        console: Where to draw.
+        console: Where to draw (stderr by default).
         prefix: Put before every line (``"[bench] "``), e.g. to match a command's other lines.
     """
 
-    def __init__(self, console: Console, prefix: str = "") -> None:
-        self.console = console
+    def __init__(self, console: Console | None = None, prefix: str = "") -> None:
+        self.console = console or Console(stderr=True)
         self.prefix = prefix
         self.where = ""
         """Said after the phase in its line (``" at step 10"``): the caller keeps it current."""

@@ -142,7 +142,15 @@ def main(argv: Sequence[str]) -> int:
     spec = load_bench(ns.recipe, overrides)
     if ns.out is not None:
         spec.output_dir = ns.out
-    result = Bench(spec).run()
+    from rlpost.apps.progress import PhaseDisplay
+
+    bench = Bench(spec)
+    display = PhaseDisplay(prefix="[bench] ")
+    bench.phases.listeners.append(display)  # set-up, calibration, training, evaluations, report: a spinner each
+    try:
+        result = bench.run()
+    finally:
+        display.close()
     out = Path(spec.output_dir)
     print(markdown(result))
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'} and {out / 'reward_vs_wallclock.png'}", file=sys.stderr)

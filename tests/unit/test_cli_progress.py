@@ -130,3 +130,27 @@ def test_the_bench_phases_show_as_phases():
         "[bench] evaluated",
         "[bench] training done",
     ]
+
+
+def test_rlpost_bench_shows_its_phases(tmp_path, monkeypatch, capsys):
+    """``rlpost bench`` attaches a phase display to the bench's own timer (the bench's work itself stubbed out)."""
+    import rlpost.bench as bench_cli
+    from rlpost.bench import driver
+
+    spec: Any = SimpleNamespace(output_dir=str(tmp_path / "bench"), calibration_batch_sizes=[1], calibration_repeats=1)
+    monkeypatch.setattr(bench_cli, "load_bench", lambda recipe, overrides: spec)
+    monkeypatch.setattr(driver.Bench, "build", lambda self: self.algos.append(SimpleNamespace(recipe=None)))
+    monkeypatch.setattr(driver, "calibrate", lambda recipe, sizes, repeats: "calibrated")
+    monkeypatch.setattr(driver.Bench, "_schedule", lambda self: None)
+    monkeypatch.setattr(driver.Bench, "_close", lambda self, status: None)
+    monkeypatch.setattr(driver.Bench, "result", lambda self: {})
+    monkeypatch.setattr(driver, "write_outputs", lambda result, out: None)
+    monkeypatch.setattr(bench_cli, "markdown", lambda result: "")
+    assert cli.main(["bench", "--recipe", str(tmp_path / "b.yaml")]) == 0
+    lines = [line.split(" in ")[0] for line in capsys.readouterr().err.splitlines() if " in " in line]
+    assert lines[:4] == [
+        "[bench] every run set up",
+        "[bench] cost model calibrated",
+        "[bench] training done",
+        "[bench] report written",
+    ], lines
