@@ -80,13 +80,15 @@ class PhaseDisplay:
         self._stack.append(phase)
         self._show(PHASE_LABELS.get(phase, (phase, phase))[0])
 
-    def phase_ended(self, phase: str, seconds: float) -> None:
-        """Print the phase's line and show the enclosing phase again, if any."""
+    def phase_ended(self, phase: str, seconds: float, ok: bool = True) -> None:
+        """Print the phase's line (unless it failed: the error says what happened) and show the enclosing phase
+        again, if any."""
         if phase in STEP_PHASES or phase not in self._stack:
             return
         del self._stack[len(self._stack) - 1 - self._stack[::-1].index(phase)]
         self._show(PHASE_LABELS.get(self._stack[-1], (self._stack[-1],))[0] if self._stack else None)
-        self.report(phase, seconds)
+        if ok:
+            self.report(phase, seconds)
 
     def report(self, phase: str, seconds: float) -> None:
         """The line saying ``phase`` ended (``model and rewards loaded in 12.3 s``, ``evaluated at step 10 in 4 s``)."""
@@ -158,15 +160,15 @@ class RichProgress:
         else:
             self.phases.phase_started(phase)
 
-    def phase_ended(self, phase: str, seconds: float) -> None:
-        """The bar reads ``train`` again; a phase that is not a step's prints its line."""
+    def phase_ended(self, phase: str, seconds: float, ok: bool = True) -> None:
+        """The bar reads ``train`` again; a phase that is not a step's prints its line (unless it failed)."""
         bar = self._bar()
         if bar is not None:
             bar.update(self.task, phase="train")
-            if phase not in STEP_PHASES:
+            if phase not in STEP_PHASES and ok:
                 self.phases.report(phase, seconds)
         else:
-            self.phases.phase_ended(phase, seconds)
+            self.phases.phase_ended(phase, seconds, ok)
 
     @hookimpl
     def rlpost_before_run(self, run: RunContext) -> None:

@@ -37,8 +37,8 @@ class PhaseListener(Protocol):
     def phase_started(self, phase: str) -> None:
         """``phase`` begins."""
 
-    def phase_ended(self, phase: str, seconds: float) -> None:
-        """``phase`` ended (also when it raised) after ``seconds``."""
+    def phase_ended(self, phase: str, seconds: float, ok: bool) -> None:
+        """``phase`` ended after ``seconds``; ``ok`` is false when it raised."""
 
 
 class PhaseTimer:
@@ -85,8 +85,10 @@ class PhaseTimer:
         for listener in self.listeners:
             listener.phase_started(phase)
         t0 = time.perf_counter()
+        ok = False
         try:
             yield
+            ok = True
         finally:
             if self.sync_cuda:
                 torch.cuda.synchronize()
@@ -94,4 +96,4 @@ class PhaseTimer:
             self.totals[phase] = self.totals.get(phase, 0.0) + seconds
             self.current[phase] = self.current.get(phase, 0.0) + seconds
             for listener in self.listeners:
-                listener.phase_ended(phase, seconds)
+                listener.phase_ended(phase, seconds, ok)

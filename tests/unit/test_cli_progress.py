@@ -113,6 +113,19 @@ def test_a_training_run_prints_its_phases_and_a_readable_bar(tmp_path, monkeypat
     assert bar.startswith("train") and "ETA" in bar and len(bar) <= 80, bar
 
 
+def test_a_phase_that_fails_prints_no_line_and_stops_its_spinner(tmp_path):
+    out = io.StringIO()
+    progress = RichProgress(Console(width=80, file=out, force_terminal=False))
+    timer = PhaseTimer()
+    timer.listeners.append(progress)
+    try:
+        with timer.timed("load"):
+            raise OSError("weights unreadable")
+    except OSError:
+        pass
+    assert progress.phases._status is None and out.getvalue() == ""
+
+
 def test_the_bench_phases_show_as_phases():
     out = io.StringIO()
     timer = PhaseTimer()
