@@ -10,6 +10,7 @@
     rlpost plugins list [--json] [--all]
     rlpost recipes  list [--json] | copy NAME DEST [--force]     (the shipped recipes, to start your own from)
     rlpost --version
+    rlpost COMMAND ... --traceback    (or RLPOST_TRACEBACK=1): a failure's full traceback, e.g. a plugin's that raised
     rlpost bench    --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]   (rlpost.bench)
 
 Recipe files and ``--a.b value`` options are merged by jsonargparse in command-line order: a later file or option
@@ -17,6 +18,10 @@ overlays earlier ones (values are parsed as YAML; ``--sampler.k 4`` means ``samp
 ``rlpost train --help`` lists every option with the help text taken from the components' docstrings;
 ``--sampler.help tree`` lists one component's options.
 Third-party progress bars and notices are silenced; ``RLPOST_VERBOSE=1`` keeps them.
+
+Exit status: 0 done; 2 a bad recipe, option or file (each problem named); 3 stopped by a non-finite guard;
+4 a plugin failed at run time (``--traceback`` or ``RLPOST_TRACEBACK=1`` prints its traceback); 5 nothing to do
+(``--resume`` of a run that already reached ``run.max_steps``: raise it to train further).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,33 +46,50 @@ from rlpost.apps.host import get_host
 from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
 from rlpost.core.user_files import UserFileError
-from rlpost.engine.checkpoint import CheckpointError
+from rlpost.engine.checkpoint import CheckpointError, RunFinishedError
 from rlpost.engine.guards import NonFiniteError
 from rlpost.engine.recipe import Recipe, RecipeError, build_parser, parse_recipe_args, validate
 
 __all__ = ["main"]
 
 
+TRACEBACK_ENV = "RLPOST_TRACEBACK"
+"""Set to ``1`` to print the full traceback of a failure (as ``--traceback`` does), e.g. of a plugin that raised."""
+
+EXIT_NOTHING_TO_DO = 5
+"""``rlpost train --resume`` of a run whose checkpoint already reached ``run.max_steps``."""
+
+
 class UsageError(Exception):
     """Bad command-line usage."""
 
 
-def _add_cli_options(parser: ArgumentParser) -> None:
+def _add_cli_options(parser: ArgumentParser, command: str) -> None:
     """The options of ``train``/``validate`` that are neither recipe fields nor ``--recipe`` (which is the recipe
-    parser's own ``ActionConfigFile``, :func:`rlpost.engine.recipe.build_parser`)."""
+    parser's own ``ActionConfigFile``, :func:`rlpost.engine.recipe.build_parser`). ``--traceback`` is listed for
+    the help text only: :func:`main` takes it off the command line of every command."""
     group = parser.add_argument_group("command line", "what is done with the recipe")
+    if command == "train":
+        group.add_argument(
+            "--resume", type=str | None, default=None, help="latest, a run directory or a checkpoint directory"
+        )
+        group.add_argument("--print_config", action="store_true", help="print the resolved recipe and exit")
     group.add_argument(
-        "--resume", type=str | None, default=None, help="train only: latest, a run directory or a checkpoint directory"
+        "--traceback", action="store_true", help=f"print a failure's full traceback (also {TRACEBACK_ENV}=1)"
     )
-    group.add_argument("--print_config", action="store_true", help="train only: print the resolved recipe and exit")
 
 
-def _load(args: Sequence[str], host: PluginHost) -> tuple[Recipe | None, Namespace | None]:
+def _load(args: Sequence[str], host: PluginHost, command: str = "train") -> tuple[Recipe | None, Namespace | None]:
     """Parse and validate a ``train``/``validate`` command line with jsonargparse (:func:`parse_recipe_args`).
     Returns ``(None, None)`` after a help text was printed (``--help``, ``--KEY.help NAME``); jsonargparse prints it
     and exits, and it goes to stdout here without reST double backticks."""
-    parser = build_parser()
-    _add_cli_options(parser)
+    parser = build_parser(prog=f"rlpost {command}")
+    if command == "validate":
+        parser.description = (
+            "Validate a recipe without loading any model: every problem at once, each naming its field; every option "
+            "below can be set in the recipe YAML or as --a.b VALUE."
+        )
+    _add_cli_options(parser, command)
     buffer = io.StringIO()
     try:
         with contextlib.redirect_stdout(buffer):
@@ -117,7 +140,7 @@ def _print_derived(recipe: Recipe, console: Console) -> None:
 def cmd_validate(args: Sequence[str]) -> int:
     """Validate recipes without loading any model; exit 0 when valid, 2 with every problem listed otherwise."""
     console = Console(stderr=True)
-    recipe, _ = _load(args, get_host())
+    recipe, _ = _load(args, get_host(), "validate")
     if recipe is None:
         return 0
     _print_derived(recipe, console)
@@ -144,12 +167,17 @@ def cmd_train(args: Sequence[str]) -> int:
     if os.environ.get("RANK", "0") == "0":  # only the main process prints under torchrun / deepspeed
         _print_derived(recipe, console)
     runner = Runner(recipe, host, resume=namespace.resume)
+    progress: RichProgress | None = None
     if recipe.run.progress and runner.ctx.is_main_process:
-        host.register_plugin(RichProgress(console), name="rlpost.apps.progress")
+        progress = RichProgress(console)
+        host.register_plugin(progress, name="rlpost.apps.progress")
+        runner.phases.listeners.append(progress)  # loading, evaluations and checkpoints show as phases
     try:
         runner.run()
     finally:
         host.unregister_plugin("rlpost.apps.progress")
+        if progress is not None:
+            progress.phases.close()
     if runner.ctx.is_main_process:  # also without the progress bar: a run ends with at least one line saying so
         if runner.status == "stopped":  # eval.alarm.stop ended the run early
             what = f"stopped by the reward-hacking alarm after {runner.ctx.step} step(s)"
@@ -218,9 +246,9 @@ def cmd_plugins(argv: Sequence[str]) -> int:
     """List plugins with their version, components, hooks, status and load error."""
     from rlpost.apps.host import plugin_output_to_stderr
 
-    parser = argparse.ArgumentParser(prog="rlpost plugins")
+    parser = argparse.ArgumentParser(prog="rlpost plugins", description=cmd_plugins.__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
-    ls = sub.add_parser("list", help="list installed plugins")
+    ls = sub.add_parser("list", help="list installed plugins", description=cmd_plugins.__doc__)
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument("--all", action="store_true", help="include core built-in modules")
     ns = parser.parse_args(argv)
@@ -274,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     # The ``deepspeed`` launcher inserts --local_rank=N before the subcommand; ranks are read from LOCAL_RANK.
     args = [a for a in args if not a.startswith(("--local_rank=", "--local-rank="))]
+    show_traceback = "--traceback" in args or os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+    args = [a for a in args if a != "--traceback"]  # any command, anywhere on the line
     if args and args[0] in ("--version", "-V"):
         import rlpost
 
@@ -290,23 +320,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     if args[0] in ("train", "sample", "export", "bench"):
         _quiet_third_party()
+
+    def fail(exc: BaseException, status: int, line: str) -> int:
+        """One line naming the problem (after the traceback, when asked for); the exit status."""
+        if show_traceback:
+            traceback.print_exception(exc, file=sys.stderr)
+        print(f"rlpost {args[0]}: {line}", file=sys.stderr)
+        return status
+
     try:
         return COMMANDS[args[0]](args[1:])
     except RecipeError as exc:
-        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc, 2, str(exc))
+    except RunFinishedError as exc:  # before CheckpointError, its base: not a failure, a distinct status
+        return fail(exc, EXIT_NOTHING_TO_DO, str(exc))
     except (UsageError, FileExistsError, CheckpointError, UserFileError) as exc:  # each names its file or option
-        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc, 2, str(exc))
     except OSError as exc:  # a file the command reads or writes failed (disk full, permissions): its message names it
-        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc, 2, str(exc))
     except NonFiniteError as exc:
-        print(f"rlpost {args[0]}: stopped by a non-finite guard: {exc}", file=sys.stderr)
-        return 3
-    except PluginRuntimeError as exc:  # names distribution, plugin and component/hook: no traceback needed
-        print(f"rlpost {args[0]}: {exc}", file=sys.stderr)
-        return 4
+        return fail(exc, 3, f"stopped by a non-finite guard: {exc}")
+    except PluginRuntimeError as exc:  # names distribution, plugin and component/hook; its own error on request
+        hint = "" if show_traceback else f" (--traceback or {TRACEBACK_ENV}=1 shows the plugin's traceback)"
+        return fail(exc, 4, f"{exc}{hint}")
 
 
 if __name__ == "__main__":

@@ -107,7 +107,8 @@ MAX_RESULT_BYTES = 256 * 1024 * 1024
 
 def main(argv: Sequence[str]) -> int:
     """``rlpost bench --recipe BENCH.yaml [--out DIR] [--bench.KEY VALUE ...]``."""
-    parser = argparse.ArgumentParser(prog="rlpost bench", description=__doc__.split("\n\n")[0])
+    description = __doc__.split("\n\n")[0].replace("``", "")
+    parser = argparse.ArgumentParser(prog="rlpost bench", description=description)
     parser.add_argument("--recipe", help="bench recipe (e.g. recipes/bench/digits.yaml)")
     parser.add_argument("--out", default=None, help="output directory (default: bench.output_dir)")
     parser.add_argument(
@@ -141,7 +142,15 @@ def main(argv: Sequence[str]) -> int:
     spec = load_bench(ns.recipe, overrides)
     if ns.out is not None:
         spec.output_dir = ns.out
-    result = Bench(spec).run()
+    from rlpost.apps.progress import PhaseDisplay
+
+    bench = Bench(spec)
+    display = PhaseDisplay(prefix="[bench] ")
+    bench.phases.listeners.append(display)  # set-up, calibration, training, evaluations, report: a spinner each
+    try:
+        result = bench.run()
+    finally:
+        display.close()
     out = Path(spec.output_dir)
     print(markdown(result))
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'} and {out / 'reward_vs_wallclock.png'}", file=sys.stderr)

@@ -31,6 +31,7 @@ from rlpost.core.contract import Rollout
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.plugins import PluginHost
 from rlpost.engine.lr_schedule import bind_time_budget
+from rlpost.engine.phases import PhaseTimer
 from rlpost.engine.recipe import Recipe, RecipeError, RunConfig, command_line_value, parse_recipe, validate
 from rlpost.engine.rundir import json_safe
 from rlpost.engine.runner import Runner
@@ -72,6 +73,9 @@ class Bench:
         self.calibration: Calibration | None = None
         self.probe = ForwardProbe()
         self.started = 0.0
+        self.phases = PhaseTimer()
+        """The bench's own phases: ``set-up``, ``calibration``, ``training`` (with an ``eval`` per held-out evaluation)
+        and ``report``; ``rlpost bench`` shows them through its listeners (:mod:`rlpost.apps.progress`)."""
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _runs(self) -> list[tuple[AlgoSpec, int | None]]:
@@ -132,7 +136,8 @@ class Bench:
     # -------------------------------------------------------------------------------------------- stepping
     def _evaluate(self, state: AlgoState) -> None:
         runner = state.runner
-        metrics = runner.evaluate()
+        with self.phases.timed("eval"):
+            metrics = runner.evaluate()
         record = {"iteration": runner.ctx.step, "train_time_s": state.cumulative_s, **eval_metrics(metrics)}
         state.evals.append(record)
         shown = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("eval/"))
@@ -209,23 +214,27 @@ class Bench:
 
     def run(self) -> dict[str, Any]:
         """Build, calibrate, run the interleaved schedule, evaluate, write the report; returns the JSON result."""
-        self.build()
+        with self.phases.timed("set-up"):
+            self.build()
         self.started = time.perf_counter()
-        self.calibration = calibrate(
-            self.algos[0].recipe, self.spec.calibration_batch_sizes, self.spec.calibration_repeats
-        )
+        with self.phases.timed("calibration"):
+            self.calibration = calibrate(
+                self.algos[0].recipe, self.spec.calibration_batch_sizes, self.spec.calibration_repeats
+            )
         self.log(f"[bench] calibration: {self.calibration}")
         status = RunStatus.FAILED
         try:
-            self._schedule()
+            with self.phases.timed("training"):
+                self._schedule()
             status = RunStatus.COMPLETED
         except KeyboardInterrupt:
             status = RunStatus.INTERRUPTED
             raise
         finally:
             self._close(status)
-        result = self.result()
-        write_outputs(result, self.out)
+        with self.phases.timed("report"):
+            result = self.result()
+            write_outputs(result, self.out)
         return result
 
     def _check_metric(self) -> None:

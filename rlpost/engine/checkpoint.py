@@ -47,6 +47,7 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointError",
     "CheckpointInfo",
+    "RunFinishedError",
     "find_checkpoint",
     "list_checkpoints",
     "load_tensor_file",
@@ -86,6 +87,24 @@ class CheckpointConfig:
 class CheckpointError(Exception):
     """A checkpoint or a run directory's file cannot be written, found, read or honoured; the message names the file
     and says why."""
+
+
+class RunFinishedError(CheckpointError):
+    """A resume from a checkpoint that already reached ``run.max_steps``: there is nothing left to train. Raised before
+    any weights load; the message says how to extend the run (``rlpost train`` exits with status 5 for it).
+
+    Args:
+        path: The checkpoint directory.
+        step: The checkpoint's completed steps.
+        max_steps: The recipe's ``run.max_steps``.
+    """
+
+    def __init__(self, path: Path, step: int, max_steps: int) -> None:
+        self.path, self.step, self.max_steps = path, step, max_steps
+        super().__init__(
+            f"nothing left to do: {path} is at step {step} and run.max_steps is {max_steps}; to train this run "
+            f"further, resume it with more steps: --resume latest --run.max_steps N (N > {step})"
+        )
 
 
 @dataclass(frozen=True)

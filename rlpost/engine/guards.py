@@ -123,13 +123,15 @@ class Guards:
         why = "" if policy == "stop" else f" (guards.max_skipped_steps={self.config.max_skipped_steps} reached)"
         if self.plugin_errors:
             first = self.plugin_errors[0]
-            return PluginRuntimeError(
+            error = PluginRuntimeError(
                 first.distribution,
                 first.plugin,
                 first.where,
                 f"{first.problem} (step {step}; guards.on_nonfinite={policy}{why}: a checkpoint of the last good "
                 "weights was saved; set guards.on_nonfinite: skip to skip such steps instead)",
             )
+            error.__cause__ = first.__cause__  # what the plugin raised, with its traceback
+            return error
         return NonFiniteError(
             f"step {step}: " + "; ".join(self.problems) + f". guards.on_nonfinite={policy}{why}: a checkpoint of the "
             "last finite weights was saved; set guards.on_nonfinite: skip to leave such samples/steps out instead"

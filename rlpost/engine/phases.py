@@ -4,8 +4,12 @@
 :meth:`~rlpost.engine.runner.Runner.step` in it: ``rollout`` (next prompt batch, the sampler's rollout with its
 transformer forwards and VAE decode, the log-prob guard), ``reward`` (every training reward), ``advantage`` (the
 estimator) and ``update`` (the update rule: training forwards, backward, optimizer steps).
-:meth:`~rlpost.engine.runner.Runner.evaluate` is timed as ``eval``. Lifecycle hooks, gathering and bookkeeping between
-phases belong to no phase.
+:meth:`~rlpost.engine.runner.Runner.evaluate` is timed as ``eval``, loading the model and the rewards in
+:meth:`~rlpost.engine.runner.Runner.setup` as ``load`` and :meth:`~rlpost.engine.runner.Runner.save_checkpoint` as
+``checkpoint``. Lifecycle hooks, gathering and bookkeeping between phases belong to no phase.
+
+A :class:`PhaseListener` appended to :attr:`PhaseTimer.listeners` is told when each phase starts and ends: the command
+line shows the phases that way (``rlpost.apps.progress``) without the runner printing anything.
 
 Readers (``rlpost bench``, a profiling plugin, the runner's own ``perf/<phase>_sec`` metrics) take
 :attr:`PhaseTimer.current` after a step, or difference two :meth:`PhaseTimer.snapshot` calls around any stretch;
@@ -17,13 +21,24 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 import torch
 
-__all__ = ["STEP_PHASES", "PhaseTimer"]
+__all__ = ["STEP_PHASES", "PhaseListener", "PhaseTimer"]
 
 STEP_PHASES = ("rollout", "reward", "advantage", "update")
 """The phases of one training step, in the order the runner enters them."""
+
+
+class PhaseListener(Protocol):
+    """Told when a timed phase starts and ends (a progress display, a profiler)."""
+
+    def phase_started(self, phase: str) -> None:
+        """``phase`` begins."""
+
+    def phase_ended(self, phase: str, seconds: float, ok: bool) -> None:
+        """``phase`` ended after ``seconds``; ``ok`` is false when it raised."""
 
 
 class PhaseTimer:
@@ -39,10 +54,12 @@ class PhaseTimer:
         current: Seconds per phase since the last :meth:`start_step` (the runner calls it at the start of every
             step, so right after a step it holds that step's phases; a phase the step skipped is absent, and an
             evaluation run between steps adds ``eval``).
+        listeners: Told when each phase starts and ends, in order.
     """
 
     def __init__(self, sync_cuda: bool = False) -> None:
         self.sync_cuda = sync_cuda
+        self.listeners: list[PhaseListener] = []
         self.totals: dict[str, float] = {}
         self.current: dict[str, float] = {}
         self._step_start = time.perf_counter()
@@ -65,12 +82,18 @@ class PhaseTimer:
         """Charge the enclosed block to ``phase`` (also when it raises)."""
         if self.sync_cuda:
             torch.cuda.synchronize()
+        for listener in self.listeners:
+            listener.phase_started(phase)
         t0 = time.perf_counter()
+        ok = False
         try:
             yield
+            ok = True
         finally:
             if self.sync_cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
             self.totals[phase] = self.totals.get(phase, 0.0) + seconds
             self.current[phase] = self.current.get(phase, 0.0) + seconds
+            for listener in self.listeners:
+                listener.phase_ended(phase, seconds, ok)

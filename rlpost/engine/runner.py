@@ -26,7 +26,7 @@ from rlpost.core.plugin_errors import PluginRuntimeError
 from rlpost.core.plugins import PluginHost
 from rlpost.engine import evaluation, lr_schedule, persistence
 from rlpost.engine.backend import EngineBackend, LocalBackend, resolve_device
-from rlpost.engine.checkpoint import CheckpointError, CheckpointInfo
+from rlpost.engine.checkpoint import CheckpointError, CheckpointInfo, RunFinishedError
 from rlpost.engine.distributed import DeepSpeedBackend, World
 from rlpost.engine.ema import EMA
 from rlpost.engine.evaluation import Evaluator
@@ -94,7 +94,7 @@ class Runner:
         self.status: RunStatus | None = None  # the final status finish() recorded
         self._state: RunState | None = None  # the parts checkpoints save and restore, built once by setup()
         self.phases = PhaseTimer()
-        """Wall time of each step phase and of evaluations (:mod:`rlpost.engine.phases`)."""
+        """Wall time of each step phase, of loading, evaluations and checkpoints (:mod:`rlpost.engine.phases`)."""
         self.ratio_check: SpeedupCheck | None = None
         """What the speed-up guard measured at set-up (:mod:`rlpost.engine.ratio_guard`: a ``RatioCheck`` for a rule
         requiring edge-log-probs, else a ``LossCheck``); ``None`` without speed-ups."""
@@ -110,6 +110,7 @@ class Runner:
         Raises:
             CheckpointError: The resume cannot be honoured (checked before any weights load) or the run directory
                 cannot be written; ``FileExistsError``: a new run's directory holds a run that trained.
+            RunFinishedError: The resumed checkpoint already reached ``run.max_steps`` (before any weights load).
             RecipeError: The model or a reward cannot read its files (e.g. corrupt weights, named by the loader).
             SpeedupRatioError: The speed-ups change the importance ratio beyond ``run.accelerate.ratio_tolerance``.
         """
@@ -120,6 +121,8 @@ class Runner:
                 self.resume, self.rundir.path, r.config, self.seed
             )
             self.rundir, self.ctx.output_dir, self.shard.seed = RunDirectory(run_dir), run_dir, self.seed
+            if checkpoint is not None and checkpoint.step >= r.run.max_steps:
+                raise RunFinishedError(checkpoint.path, checkpoint.step, r.run.max_steps)
         if r.distributed is not None:
             self._start_world()
         earlier = False  # an attempt without a checkpoint had logged here (a resume without one restarts it)
@@ -132,9 +135,10 @@ class Runner:
         random.seed(self.seed)
         np.random.seed(self.seed % 2**32)
         try:  # unreadable or corrupt weights (the loaders name the file) are a bad input, not a bug
-            r.model.setup(self.device)
-            apply_acceleration(r.model, r.run.accelerate)
-            set_up_rewards(r.rewards, self.device, self.host)
+            with self.phases.timed("load"):
+                r.model.setup(self.device)
+                apply_acceleration(r.model, r.run.accelerate)
+                set_up_rewards(r.rewards, self.device, self.host)
         except OSError as exc:
             raise RecipeError([str(exc)]) from None
         params = r.model.trainable_parameters()
@@ -353,7 +357,8 @@ class Runner:
         Raises:
             CheckpointError: The trainable (or EMA) weights are not finite: nothing is written.
         """
-        path = persistence.save_checkpoint(self._run_state(), reason)
+        with self.phases.timed("checkpoint"):
+            path = persistence.save_checkpoint(self._run_state(), reason)
         if path is not None:
             self.last_saved_step = self.ctx.step
         return path

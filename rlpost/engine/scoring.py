@@ -69,7 +69,9 @@ def score_rollout(
         problem = reward_problem(raw, expected_scores(reward, rollout.media, reduction))
         if problem is not None:
             distribution, plugin = host.component_origin("reward", reward)
-            guards.plugin_failed(PluginRuntimeError(distribution, plugin, f"reward {reward.name!r}", problem))
+            error = PluginRuntimeError(distribution, plugin, f"reward {reward.name!r}", problem)
+            error.__cause__ = raw if isinstance(raw, BaseException) else None  # its traceback, for --traceback
+            guards.plugin_failed(error)
             scores[reward.name] = torch.full((n,), float("nan"))
             continue
         values = reduce_frames(raw.float().cpu(), reward, rollout.media, reduction)

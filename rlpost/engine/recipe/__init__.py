@@ -49,7 +49,7 @@ from rlpost.engine.recipe.schema import (
 )
 from rlpost.engine.recipe.sources import merge_sources
 from rlpost.engine.recipe.typecheck import with_defaults
-from rlpost.engine.recipe.validate import validate
+from rlpost.engine.recipe.validate import build_section, validate
 
 __all__ = [
     "COMPONENT_KEYS",
@@ -66,6 +66,7 @@ __all__ = [
     "SchedulerFactory",
     "Section",
     "build_parser",
+    "build_section",
     "command_line_value",
     "device_problem",
     "load_recipe",

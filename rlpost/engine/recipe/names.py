@@ -205,8 +205,10 @@ def resolve_argv_names(argv: Sequence[str], host: Registries) -> list[str]:
             resolved_value = _resolve_inline(key, value, host)
             out[at] = f"{option}={resolved_value}" if eq else resolved_value
             continue
-        if key not in kinds or "." in value or value.startswith("-"):
-            continue  # a class path or the next option: jsonargparse reads it
+        if key not in kinds or value.startswith("-"):
+            continue  # the next option: jsonargparse reports the missing value
+        if "." in value and not _registered(host, kinds[key], value):
+            continue  # a class path (a registered name may hold a dot: hps-v2.1): jsonargparse reads it
         problems: list[str] = []
         resolved = resolve_component(
             value, key + (".help" if option.endswith(".help") else ""), kinds[key], host, problems
@@ -215,6 +217,12 @@ def resolve_argv_names(argv: Sequence[str], host: Registries) -> list[str]:
             raise RecipeError([p.replace(".help.class_path:", ".help:") for p in problems])
         out[at] = f"{option}={resolved['class_path']}" if eq else resolved["class_path"]
     return out
+
+
+def _registered(host: Registries, kind: str, name: str) -> bool:
+    """Whether ``name`` is a registered (or contested) name of ``kind``, or a qualified ``distribution:name`` (which
+    :func:`resolve_component` reports when unknown): no class path."""
+    return name in host.registry(kind) or ":" in name
 
 
 def _resolve_inline(key: str, value: str, host: Registries) -> str:

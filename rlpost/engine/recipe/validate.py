@@ -27,7 +27,7 @@ from rlpost.engine.weight_copies import copies_problems
 from rlpost.models.acceleration import acceleration_problems
 from rlpost.ops.media import media_problems
 
-__all__ = ["validate"]
+__all__ = ["build_section", "validate"]
 
 
 def validate(cfg: dict[str, Any], host: Registries) -> Recipe:
@@ -64,6 +64,24 @@ def validate(cfg: dict[str, Any], host: Registries) -> Recipe:
     if problems:
         raise RecipeError(problems)
     return recipe
+
+
+def build_section(cfg: dict[str, Any], name: str, host: Registries) -> Any:
+    """Validate and instantiate one top-level section of a recipe alone (no weights are loaded): what a command that
+    needs only that part builds (``rlpost sample`` builds the ``model``, so a run samples on a host without its reward
+    plugins or prompt files). No checks across sections run and no component's ``validate`` is called.
+
+    Raises:
+        RecipeError: The section is missing (when required) or does not validate, each problem naming its field.
+    """
+    section = SECTION[name]
+    problems = [f"{name}: missing (required)"] if section.required and name not in cfg else []
+    checks = _SectionChecks(cfg, host, problems)
+    if not problems:
+        checks.check(section)
+    if problems:
+        raise RecipeError(problems)
+    return checks.built.get(name)
 
 
 class _SectionChecks:
