@@ -16,7 +16,7 @@ A recipe has these top-level keys (one :class:`Section` each)::
     lr_scheduler:    optional LR scheduler factory
     checkpoint:      {every, keep_last, at_end}                       (rlpost.engine.checkpoint.CheckpointConfig)
     eval:            {prompts|sets, rewards, judges, alarm, num_steps, ...}  (rlpost.engine.evaluation; optional)
-    logging:         {tensorboard, wandb, wandb_project, grid_every}  (rlpost.engine.logging_.LoggingConfig)
+    logging:         {report_to, project, init_kwargs, grid_every}    (rlpost.engine.logging_.LoggingConfig)
     guards:          {on_nonfinite: stop|skip, max_skipped_steps}     (rlpost.engine.guards.GuardConfig)
     ema:             {decay, update_every}                            (rlpost.engine.ema.EMAConfig; optional)
     copies:          {name: {rate, cap, delay, update_every, offload}} (rlpost.engine.weight_copies; optional)

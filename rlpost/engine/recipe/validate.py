@@ -102,7 +102,7 @@ class _SectionChecks:
         self.built[s.name] = None
         if raw is not None or not s.optional:
             built = self.built[s.name] = check_with_parser(s.name, s.type, raw or {}, self.problems)
-            self.resolved[s.name] = dataclasses.asdict(built) if built is not None else raw
+            self.resolved[s.name] = _without_folded(s.type, dataclasses.asdict(built)) if built is not None else raw
 
     def config_mapping(self, s: Section) -> None:
         """Name -> settings dataclass (the weight ``copies``), each type-checked as :meth:`config` under ``NAME.KEY``
@@ -187,6 +187,13 @@ class _Components:
     def check(self, key: str, typ: Any, value: Any, problems: list[str], where: str) -> Any:
         """:func:`~rlpost.engine.recipe.typecheck.check_with_parser`."""
         return check_with_parser(key, typ, value, problems, where=where)
+
+
+def _without_folded(cls: type, resolved: dict[str, Any]) -> dict[str, Any]:
+    """``resolved`` without the deprecated aliases (``cls.DEPRECATED``) the settings class folded into their new
+    names (they are ``None`` then), so a run's ``recipe.yaml`` uses the new names only."""
+    deprecated = getattr(cls, "DEPRECATED", {})
+    return {k: v for k, v in resolved.items() if not (k in deprecated and v is None)}
 
 
 def _range_problems(cfg: dict[str, Any], built: dict[str, Any]) -> list[str]:
