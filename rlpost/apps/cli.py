@@ -6,7 +6,8 @@
     rlpost validate --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...]
     rlpost sample   --run DIR [--checkpoint latest|PATH] (--prompt "..." ... | --prompts-file F) --out DIR
                     [--num-steps N] [--seed S] [--batch-size B] [--device D]
-    rlpost export   --run DIR --out DIR [--checkpoint latest|PATH] [--license ID] [--force]
+    rlpost export   --run DIR --out DIR [--checkpoint latest|PATH] [--license ID] [--force] [--base_model ID]
+                    [--push_to_hub REPO [--private]]
     rlpost plugins list [--json] [--all]
     rlpost recipes  list [--json] | copy NAME DEST [--force]     (the shipped recipes, to start your own from)
     rlpost --version
@@ -194,7 +195,7 @@ def cmd_sample(argv: Sequence[str]) -> int:
 
 def cmd_export(argv: Sequence[str]) -> int:
     """Write a run's diffusers-loadable weights (LoRA or transformer/) with a model card."""
-    from rlpost.apps.export import export_run
+    from rlpost.apps.export import export_run, hub_repo_id, push_to_hub
 
     parser = argparse.ArgumentParser(prog="rlpost export", description=cmd_export.__doc__)
     parser.add_argument("--run", required=True, help="the run directory")
@@ -208,9 +209,27 @@ def cmd_export(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--force", action="store_true", help="overwrite files already in --out (by default the export refuses them)"
     )
+    parser.add_argument(
+        "--base_model",
+        default=None,
+        type=hub_repo_id,
+        help="the base model's Hub id (org/name) for the model card, when the run loaded it from a local directory",
+    )
+    parser.add_argument(
+        "--push_to_hub",
+        default=None,
+        type=hub_repo_id,
+        metavar="REPO",
+        help="also upload the export to this Hugging Face Hub model repository (org/name; created when missing)",
+    )
+    parser.add_argument("--private", action="store_true", help="with --push_to_hub: create the repository private")
     ns = parser.parse_args(argv)
-    out = export_run(Path(ns.run), Path(ns.out), ns.checkpoint, license=ns.license, force=ns.force)
+    out = export_run(
+        Path(ns.run), Path(ns.out), ns.checkpoint, license=ns.license, force=ns.force, base_model=ns.base_model
+    )
     print(f"exported to {out}", file=sys.stderr)
+    if ns.push_to_hub is not None:
+        print(f"pushed to {push_to_hub(out, ns.push_to_hub, private=ns.private)}", file=sys.stderr)
     return 0
 
 

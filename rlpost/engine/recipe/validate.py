@@ -25,6 +25,7 @@ from rlpost.engine.recipe.shapes import section_shape_problems
 from rlpost.engine.recipe.typecheck import check_with_parser, with_defaults
 from rlpost.engine.weight_copies import copies_problems
 from rlpost.models.acceleration import acceleration_problems
+from rlpost.models.adapter_settings import peft_lora_names
 from rlpost.ops.media import media_problems
 
 __all__ = ["validate"]
@@ -46,6 +47,10 @@ def validate(cfg: dict[str, Any], host: Registries) -> Recipe:
         RecipeError: Listing every problem found, each naming the offending field.
     """
     problems = [f"{key}: unknown top-level key{suggest(key, list(SECTION))}" for key in cfg if key not in SECTION]
+    if "model" in cfg:  # LoRA settings may use peft's names (r, lora_alpha); recipe.yaml stores rlpost's
+        model, lora_problems = peft_lora_names(cfg["model"])
+        cfg = {**cfg, "model": model}
+        problems += lora_problems
     problems += [f"{s.name}: missing (required)" for s in SECTIONS if s.required and s.name not in cfg]
     checks = _SectionChecks(cfg, host, problems)
     for section in SECTIONS:

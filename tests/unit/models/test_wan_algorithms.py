@@ -263,9 +263,13 @@ def test_exported_wan_lora_loads_and_reproduces_eval_and_sample(
     assert cli.main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
     card = ModelCard.load(tmp_path / "export" / "README.md")
     assert card.data.pipeline_tag == "text-to-video"
-    assert card.data.base_model == str(tiny_wan_dir.resolve()) and card.data.base_model_relation == "adapter"
+    # A local base is no Hub id: left out of the metadata, named in the usage snippet.
+    assert card.data.base_model is None and f'from_pretrained("{tiny_wan_dir.resolve()}")' in card.text
     assert {"text-to-video", "lora", "wan"} <= set(card.data.tags)
     assert "DiffusionPipeline.from_pretrained" in card.text and "load_lora_weights" in card.text
+    # The snippet samples with the run's evaluation settings: the call this test makes below.
+    settings = f"num_inference_steps={EVAL_STEPS}, guidance_scale=5.0, height={WAN_HEIGHT}, width={WAN_WIDTH}"
+    assert f"frames = pipe(prompt, {settings}, num_frames={WAN_FRAMES}" in card.text
     # Follow the card: DiffusionPipeline resolves WanPipeline from model_index.json.
     pipe = DiffusionPipeline.from_pretrained(str(tiny_wan_dir), torch_dtype=torch.float32)
     assert isinstance(pipe, WanPipeline)
