@@ -38,7 +38,8 @@ _BACKTICKS = re.compile(r"`{3,}")
 
 def _is_hub_id(text: str) -> bool:
     """Whether ``text`` is an ``org/name`` repository id huggingface_hub accepts (``validate_repo_id``)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]  # documented, not re-exported
 
     if not _HUB_ID.match(text):
         return False
