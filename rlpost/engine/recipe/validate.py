@@ -255,7 +255,7 @@ def capability_problems(recipe: Recipe) -> list[str]:
 def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
     problems = capability_problems(recipe)
     problems.extend(copies_problems(recipe.copies, recipe.optimizer.required_copies(), recipe.optimizer.name))
-    problems.extend(acceleration_problems(recipe.run.accelerate, recipe.model))
+    problems.extend(acceleration_problems(recipe.run.speedups, recipe.model))
     if problems or not sane_run:
         return problems  # the component checks below assume a sane run section
     components: list[Component] = [recipe.model, recipe.prompts, recipe.sampler, *recipe.rewards]
