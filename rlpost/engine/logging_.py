@@ -20,18 +20,22 @@ as deprecated aliases of ``report_to`` and ``project`` (with a ``FutureWarning``
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from rlpost.engine.rundir import RunDirectory
-from rlpost.engine.trackers import known_trackers, log_images, log_videos, start_trackers, tracker_problem
+from rlpost.engine.trackers import (
+    flat_hparams,
+    known_trackers,
+    log_images,
+    log_videos,
+    start_trackers,
+    tracker_problem,
+)
 
 __all__ = ["LoggingConfig", "MetricsLogger", "flat_hparams", "missing_tracker_packages"]
-
-MAX_HPARAM_LIST = 8
 
 
 @dataclass
@@ -165,27 +169,3 @@ class MetricsLogger:
         """Flush and close the trackers (TensorBoard writes its HParams session first)."""
         for tracker in self.trackers:
             tracker.finish()
-
-
-def flat_hparams(recipe: dict[str, Any]) -> dict[str, bool | int | float | str]:
-    """The recipe's scalar settings under dotted keys (``torch_optimizer.init_args.lr``, ``rewards.0.class_path``).
-
-    Lists are indexed, and one longer than :data:`MAX_HPARAM_LIST` becomes the string ``"[N items]"``; ``None`` and
-    non-finite floats are left out (the HParams plugin cannot store them).
-    """
-    flat: dict[str, bool | int | float | str] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), item)
-        elif isinstance(value, (list, tuple)) and len(value) > MAX_HPARAM_LIST:
-            flat[prefix] = f"[{len(value)} items]"  # a prompt list is data, not thousands of hyperparameters
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                walk(f"{prefix}.{i}", item)
-        elif isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
-            flat[prefix] = value
-
-    walk("", recipe)
-    return flat

@@ -20,6 +20,7 @@ directory, so a resumed run is the same W&B run, and gets images and videos as `
 from __future__ import annotations
 
 import io
+import math
 import os
 import secrets
 from pathlib import Path
@@ -33,6 +34,7 @@ from PIL import Image
 
 __all__ = [
     "RunTensorBoard",
+    "flat_hparams",
     "RunWandB",
     "known_trackers",
     "log_images",
@@ -50,6 +52,34 @@ WANDB_ID_FILE = "wandb_run_id"
 
 # The package each of accelerate's built-in trackers imports, for the install hint of a missing one.
 _PACKAGES = {"wandb": "rlpost[wandb]", "tensorboard": "rlpost[tensorboard]"}
+
+
+MAX_HPARAM_LIST = 8
+"""A longer list in the recipe becomes one hyperparameter ``"[N items]"``."""
+
+
+def flat_hparams(recipe: dict[str, Any]) -> dict[str, bool | int | float | str]:
+    """The recipe's scalar settings under dotted keys (``torch_optimizer.init_args.lr``, ``rewards.0.class_path``).
+
+    Lists are indexed, and one longer than :data:`MAX_HPARAM_LIST` becomes the string ``"[N items]"``; ``None`` and
+    non-finite floats are left out (the HParams plugin cannot store them).
+    """
+    flat: dict[str, bool | int | float | str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        elif isinstance(value, (list, tuple)) and len(value) > MAX_HPARAM_LIST:
+            flat[prefix] = f"[{len(value)} items]"  # a prompt list is data, not thousands of hyperparameters
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(f"{prefix}.{i}", item)
+        elif isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
+            flat[prefix] = value
+
+    walk("", recipe)
+    return flat
 
 
 def known_trackers() -> list[str]:
@@ -108,8 +138,6 @@ class RunTensorBoard(TensorBoardTracker):  # type: ignore[misc]  # accelerate is
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """The resolved recipe as text (tag ``recipe``, step 0); its scalar settings become the HParams at finish."""
-        from rlpost.engine.logging_ import flat_hparams
-
         self.hparams = flat_hparams(values)
         # Indented four spaces: TensorBoard's text plugin renders markdown, and this keeps the YAML verbatim.
         text = yaml.safe_dump(values, sort_keys=False)
@@ -195,8 +223,6 @@ def start_trackers(
         init_kwargs: Per-tracker keyword arguments for its constructor (``{"wandb": {"entity": ...}}``).
         resume_step: The step a resumed run continues from (``-1``: a restart of this directory), ``None`` when new.
     """
-    from rlpost.engine.logging_ import flat_hparams
-
     if not report_to:
         return []
     _accelerate_state()
