@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU evidence in one prepared run of at most ~8 minutes on one H100/H200-class GPU (TOTAL_BUDGET_S):
 #   1. the GPU-marked tests (tests/gpu: bf16 weights with fp32 log-probs give ratio 1; tiny TreeGRPO steps on CUDA;
-#      the run.accelerate speed-ups that need CUDA: CUDA graphs, GPU attention kernels, bf16 autocast, the guard);
+#      the run.speedups speed-ups that need CUDA: CUDA graphs, GPU attention kernels, bf16 autocast, the guard);
 #   2. SD3.5-medium architecture (random weights, 512 px, bf16): TreeGRPO's paper and official-code presets and
 #      DanceGRPO from their shipped recipes, each without and then with the speed-ups (`+fast`: torch.compile of the
 #      transformer blocks for rollout and update, channels-last VAE; the ratio guard runs before training), each arm in
@@ -24,7 +24,7 @@
 # Environment: PYTHON (default python3), MODEL_DIR (random SD3.5-M build, default ~/.cache/rlpost/sd35m-random),
 # FLUX_MODEL_DIR (~/.cache/rlpost/flux1dev-random), WAN_MODEL_DIR (~/.cache/rlpost/wan21-1.3b-random),
 # PROMPTS_PER_ITER (prompt groups per iteration unless an arm says @GROUPS, default 1), ITERATIONS (steps per SD3.5 or
-# FLUX arm incl. one warm-up, default 3), WAN_ITERATIONS (2), WAN_VIDEO (33x480x832), ACCELERATE (run.accelerate of
+# FLUX arm incl. one warm-up, default 3), WAN_ITERATIONS (2), WAN_VIDEO (33x480x832), ACCELERATE (run.speedups of
 # +fast arms as KEY=VALUE words, default gpu_speed.py's FAST), TOTAL_BUDGET_S (480), TESTS_TIMEOUT_S (150),
 # PRESET_TIMEOUT_S (plain SD3.5 arm, 100), FAST_TIMEOUT_S (+fast SD3.5 arm, 180), WAN_TIMEOUT_S (240),
 # FLUX_PRESET_TIMEOUT_S (300), BUILD_TIMEOUT_S (240), FLUX_BUILD_TIMEOUT_S (300), WAN_BUILD_TIMEOUT_S (120),

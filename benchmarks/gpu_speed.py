@@ -13,7 +13,7 @@ algorithm per process, on random-weight SD3.5-medium, FLUX.1-dev or Wan2.1-T2V-1
 each without and with the speed-ups, then TreeGRPO and DanceGRPO on Wan2.1-1.3B, so one GPU run measures them all.
 
 **Arms.** ``--preset`` takes ``PRESET[+fast][@GROUPS]``: a preset of :data:`PRESETS`; ``+fast`` turns on the
-speed-ups of :data:`FAST` (``run.accelerate``, docs/speed.md; ``--accelerate KEY=VALUE`` replaces them) so the ratio
+speed-ups of :data:`FAST` (``run.speedups``, docs/speed.md; ``--accelerate KEY=VALUE`` replaces them) so the ratio
 guard runs before the first step and its measured ``max |ratio - 1|`` is recorded; ``@GROUPS`` sets the prompts per
 iteration (``@32``: the paper's 32, TreeGRPO's frontier chunked by the recipe's ``chunk_size``).
 
@@ -86,7 +86,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 FLUX_CHECK_LORA: dict[str, Any] = {"rank": 64, "alpha": 64}
 """The adapter FLUX presets train on one GPU in place of the recipes' full fine-tuning (see the module docstring)."""
 FAST: dict[str, Any] = {"compile": "both", "compile_regional": True, "vae_channels_last": True}
-"""The ``+fast`` arms' ``run.accelerate``: regional ``torch.compile`` of the transformer for rollout and update and a
+"""The ``+fast`` arms' ``run.speedups``: regional ``torch.compile`` of the transformer for rollout and update and a
 channels-last VAE. Not CUDA graphs (a tree's frontier takes a new shape every depth) and no attention backend (torch
 already picks its flash or cuDNN kernel for bf16 on Hopper): pass ``--accelerate`` to measure those."""
 WAN_LAYOUT: dict[str, int] = {"chunk_size": 4, "minibatch_edges": 3}
@@ -166,7 +166,7 @@ def preset_config(
         }
     )
     if fast:
-        cfg["run"]["accelerate"] = dict(FAST if accelerate is None else accelerate)
+        cfg["run"]["speedups"] = dict(FAST if accelerate is None else accelerate)
     model = cfg["model"]["init_args"]
     model["pretrained"] = model_dir
     if family == "wan":
@@ -282,8 +282,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
             "groups_per_step": recipe.run.groups_per_step,
             "chunk_size": getattr(recipe.sampler, "chunk_size", None),
             "minibatch_edges": recipe.optimizer.minibatch_edges,
-            "accelerate": dataclasses.asdict(recipe.run.accelerate),
-            "speedups": recipe.run.accelerate.enabled(),
+            "accelerate": dataclasses.asdict(recipe.run.speedups),
+            "speedups": recipe.run.speedups.enabled(),
             "ratio_check": check.as_dict() if check is not None else None,
             "first_ratio_dev": statistics.fmean(s.get("train/first_ratio_dev", float("nan")) for s in steps),
             "iterations": ns.iterations,
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--video", default=WAN_VIDEO, help="Wan presets: FRAMESxHEIGHTxWIDTH")
     r.add_argument("--chunk-size", type=int, default=None, help="sampler rows per forward/decode (memory)")
     r.add_argument("--minibatch-edges", type=int, default=None, help="update edges per minibatch (memory)")
-    r.add_argument("--accelerate", action="append", help="KEY=VALUE of run.accelerate for +fast arms (repeatable)")
+    r.add_argument("--accelerate", action="append", help="KEY=VALUE of run.speedups for +fast arms (repeatable)")
     r.add_argument("--allow-cpu", action="store_true", help="run without CUDA (plumbing smoke test only)")
     p = sub.add_parser("report", help="aggregate the per-arm JSON files")
     p.add_argument("out")

@@ -2,11 +2,13 @@
 
     rlpost train    --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...] [--print_config]
                     [--resume latest|RUN_DIR|CHECKPOINT_DIR]
+    rlpost train    --nproc_per_node N --recipe R.yaml ...   (N ranks on this host; torchrun's launcher)
     rlpost train    --help | --sampler.help NAME  (likewise --model/--prompts/--rewards/--advantage/--optimizer)
     rlpost validate --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...]
     rlpost sample   --run DIR [--checkpoint latest|PATH] (--prompt "..." ... | --prompts-file F) --out DIR
                     [--num-steps N] [--seed S] [--batch-size B] [--device D]
-    rlpost export   --run DIR --out DIR [--checkpoint latest|PATH] [--license ID] [--force]
+    rlpost export   --run DIR --out DIR [--checkpoint latest|PATH] [--license ID] [--force] [--base_model ID]
+                    [--push_to_hub REPO [--private]]
     rlpost plugins list [--json] [--all]
     rlpost recipes  list [--json] | copy NAME DEST [--force]     (the shipped recipes, to start your own from)
     rlpost --version
@@ -151,11 +153,54 @@ def cmd_validate(args: Sequence[str]) -> int:
     return 0
 
 
+NPROC_OPTIONS = ("--nproc_per_node", "--nproc-per-node")
+
+
+def _nproc(args: Sequence[str]) -> tuple[int | None, list[str]]:
+    """``--nproc_per_node N`` (or ``=N``) taken out of a ``train`` command line: ``(N, the rest)``; ``(None, args)``
+    without it."""
+    rest, nproc = list(args), None
+    for i, arg in enumerate(rest):
+        name, eq, value = arg.partition("=")
+        if name in NPROC_OPTIONS:
+            if not eq:
+                if i + 1 >= len(rest):
+                    raise UsageError(f"{name}: give the number of processes")
+                value = rest[i + 1]
+            del rest[i : i + (1 if eq else 2)]
+            if not value.isdigit() or int(value) < 1:
+                raise UsageError(f"{name}: expected a positive number of processes, got {value!r}")
+            nproc = int(value)
+            break
+    return nproc, rest
+
+
+def _launch_ranks(nproc: int, args: Sequence[str]) -> int:
+    """Start ``nproc`` ranks of ``rlpost train ARGS`` on this host with torch's elastic launcher (the API behind
+    ``torchrun``: ``torch.distributed.run.run``), standalone: a local rendezvous on a free port. Each rank reads
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` as under ``torchrun -m rlpost.apps.cli train``."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    launch = parse_args(["--standalone", "--nproc_per_node", str(nproc), "-m", "rlpost.apps.cli", "train", *args])  # type: ignore[no-untyped-call]
+    try:
+        run(launch)  # type: ignore[no-untyped-call]
+    except ChildFailedError as exc:
+        ranks = ", ".join(f"rank {rank} exit status {f.exitcode}" for rank, f in sorted(exc.failures.items()))
+        print(f"rlpost train: {ranks}", file=sys.stderr)
+        return max(f.exitcode for f in exc.failures.values()) or 1
+    return 0
+
+
 def cmd_train(args: Sequence[str]) -> int:
-    """Validate the recipe, print derived quantities, and run the training loop."""
+    """Validate the recipe, print derived quantities, and run the training loop (``--nproc_per_node N``: on N ranks
+    of this host, started by torch's elastic launcher; the recipe needs a ``distributed`` section)."""
     from rlpost.apps.progress import RichProgress
     from rlpost.engine.runner import Runner
 
+    nproc, args = _nproc(args)
+    if nproc is not None and "WORLD_SIZE" not in os.environ:
+        return _launch_ranks(nproc, args)
     host = get_host()
     recipe, namespace = _load(args, host)
     if recipe is None or namespace is None:
@@ -222,7 +267,7 @@ def cmd_sample(argv: Sequence[str]) -> int:
 
 def cmd_export(argv: Sequence[str]) -> int:
     """Write a run's diffusers-loadable weights (LoRA or transformer/) with a model card."""
-    from rlpost.apps.export import export_run
+    from rlpost.apps.export import export_run, hub_repo_id, push_to_hub
 
     parser = argparse.ArgumentParser(prog="rlpost export", description=cmd_export.__doc__)
     parser.add_argument("--run", required=True, help="the run directory")
@@ -236,9 +281,27 @@ def cmd_export(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--force", action="store_true", help="overwrite files already in --out (by default the export refuses them)"
     )
+    parser.add_argument(
+        "--base_model",
+        default=None,
+        type=hub_repo_id,
+        help="the base model's Hub id (org/name) for the model card, when the run loaded it from a local directory",
+    )
+    parser.add_argument(
+        "--push_to_hub",
+        default=None,
+        type=hub_repo_id,
+        metavar="REPO",
+        help="also upload the export to this Hugging Face Hub model repository (org/name; created when missing)",
+    )
+    parser.add_argument("--private", action="store_true", help="with --push_to_hub: create the repository private")
     ns = parser.parse_args(argv)
-    out = export_run(Path(ns.run), Path(ns.out), ns.checkpoint, license=ns.license, force=ns.force)
+    out = export_run(
+        Path(ns.run), Path(ns.out), ns.checkpoint, license=ns.license, force=ns.force, base_model=ns.base_model
+    )
     print(f"exported to {out}", file=sys.stderr)
+    if ns.push_to_hub is not None:
+        print(f"pushed to {push_to_hub(out, ns.push_to_hub, private=ns.private)}", file=sys.stderr)
     return 0
 
 

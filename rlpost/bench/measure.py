@@ -2,7 +2,7 @@
 
 Per iteration (:class:`IterRecord`): wall time, the runner's step phases (:attr:`rlpost.engine.runner.Runner.phases`),
 transformer rows counted through :attr:`rlpost.core.api.Policy.forward_count` around the rollout and the update, the
-closed-form prediction of the same counts, and peak CUDA memory. Per run: the speed-ups (``run.accelerate``) and what
+closed-form prediction of the same counts, and peak CUDA memory. Per run: the speed-ups (``run.speedups``) and what
 the ratio guard measured before training (:mod:`rlpost.engine.ratio_guard`).
 """
 
@@ -179,7 +179,7 @@ def run_result(state: AlgoState, calib: Calibration) -> dict[str, Any]:
         "overhead_fraction": overhead / mean_wall if mean_wall else math.nan,
         "predicted_s_per_iter": predict_seconds(state.recipe, calib),
         "peak_mem_gb": max(peaks) if peaks else None,
-        "speedups": state.recipe.run.accelerate.labels(),
+        "speedups": state.recipe.run.speedups.labels(),
         "ratio_guard": check.as_dict() if isinstance(check, RatioCheck) else None,
         "loss_guard": check.as_dict() if isinstance(check, LossCheck) else None,
         "evals": state.evals,

@@ -167,13 +167,13 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def _speedup_lines(algos: dict[str, Any]) -> list[str]:
-    """The speed-ups of each algorithm (``run.accelerate``) and the ratio guard's measurement before training; nothing
+    """The speed-ups of each algorithm (``run.speedups``) and the ratio guard's measurement before training; nothing
     when no algorithm turned one on."""
     if not any(a.get("speedups") for a in algos.values()):
         return []
     lines = [
         "",
-        "## Speed-ups and the ratio guard (run.accelerate; docs/speed.md)",
+        "## Speed-ups and the ratio guard (run.speedups; docs/speed.md)",
         "",
         "Before training, each run with a speed-up re-evaluated one rollout through the training path; "
         "max |ratio - 1| must stay within the tolerance or the run refuses to start. Guard time is set-up time (it "

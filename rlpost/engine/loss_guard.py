@@ -1,5 +1,5 @@
-"""The loss guard: with a speed-up on (``run.accelerate``) and a likelihood-free update rule, one batch's loss computed
-with the speed-ups must equal the loss computed without them within ``run.accelerate.loss_tolerance`` (relative), else
+"""The loss guard: with a speed-up on (``run.speedups``) and a likelihood-free update rule, one batch's loss computed
+with the speed-ups must equal the loss computed without them within ``run.speedups.loss_tolerance`` (relative), else
 the run refuses to start (docs/speed.md, "The loss guard").
 
 A likelihood-free rule (DiffusionNFT, AWM, DGPO: it does not require ``edge-log-probs``) has no importance ratio for
@@ -97,7 +97,7 @@ class LossCheck:
         error: ``|loss - reference_loss| / |reference_loss|`` (the largest over ranks; ``inf`` when the two passed
             different numbers of losses to ``backward`` or found different numbers non-finite).
         losses: ``backward`` calls per pass.
-        tolerance: ``run.accelerate.loss_tolerance``.
+        tolerance: ``run.speedups.loss_tolerance``.
         seconds: Wall time of the check (rollout, both updates and any compilation they triggered).
     """
 
@@ -124,16 +124,16 @@ class LossCheck:
 
 
 class SpeedupLossError(RecipeError):
-    """The speed-ups change a likelihood-free rule's loss by more than ``run.accelerate.loss_tolerance`` (a recipe
+    """The speed-ups change a likelihood-free rule's loss by more than ``run.speedups.loss_tolerance`` (a recipe
     problem: ``rlpost train`` exits with status 2 before the first step)."""
 
     def __init__(self, check: LossCheck) -> None:
         self.check = check
         super().__init__(
             [
-                f"run.accelerate: the speed-ups {list(check.speedups)} change the update rule's loss on one batch: "
+                f"run.speedups: the speed-ups {list(check.speedups)} change the update rule's loss on one batch: "
                 f"{check.loss:.6g} with them, {check.reference_loss:.6g} without (relative error {check.error:.3g} "
-                f"over {check.losses} loss(es)) > run.accelerate.loss_tolerance = {check.tolerance:g}. Turn off the "
+                f"over {check.losses} loss(es)) > run.speedups.loss_tolerance = {check.tolerance:g}. Turn off the "
                 "speed-up that changes the training path's numerics (autocast on the train path, compile in low "
                 "precision, ...) or, knowingly, raise loss_tolerance"
             ]
@@ -147,9 +147,9 @@ class LossGuardEmptyError(RecipeError):
     def __init__(self, rule: str, groups: int, speedups: tuple[str, ...]) -> None:
         super().__init__(
             [
-                f"run.accelerate: the loss guard has nothing to measure: update() of optimizer {rule!r} passed no "
+                f"run.speedups: the loss guard has nothing to measure: update() of optimizer {rule!r} passed no "
                 f"loss to backward on the guard's rollout of {groups} group(s), so the speed-ups {list(speedups)} "
-                "cannot be checked; raise run.accelerate.guard_groups or turn the speed-ups off"
+                "cannot be checked; raise run.speedups.guard_groups or turn the speed-ups off"
             ]
         )
 

@@ -1,4 +1,4 @@
-"""Overlapped rollouts (``run.accelerate.overlap_groups``): a step is sampled in parts of a few prompt groups, and
+"""Overlapped rollouts (``run.speedups.overlap_groups``): a step is sampled in parts of a few prompt groups, and
 each finished part is scored (every reward source, on its decoded samples) in a worker thread while the next part's
 transformer work runs.
 

@@ -1,15 +1,15 @@
-"""The speed-up guards, run before training whenever a speed-up is on (``run.accelerate``; docs/speed.md), and the
+"""The speed-up guards, run before training whenever a speed-up is on (``run.speedups``; docs/speed.md), and the
 ratio guard itself. Which guard a run gets follows what its update rule requires
 (:mod:`rlpost.core.api.capabilities`): a rule that requires ``edge-log-probs`` gets the ratio guard below, any other
 (a likelihood-free rule) the loss guard (:mod:`rlpost.engine.loss_guard`).
 
 The ratio guard: a rollout re-evaluated by the training path must give importance ratio 1 within
-``run.accelerate.ratio_tolerance``, else the run refuses to start. A speed-up may compute the rollout's velocities
+``run.speedups.ratio_tolerance``, else the run refuses to start. A speed-up may compute the rollout's velocities
 differently from the training forward (compiled or eager kernels, autocast on one path only, another attention
 kernel). The clipped surrogate's ratio ``exp(log π_θ - log π_old)`` is then not 1 for an unchanged policy, and with PPO
 clip ranges of 1e-4 an error of that size already clips the first update (Flow-Factory, X-GenGroup/Flow-Factory,
 blocks lossy speed-ups for ratio-based methods for this reason). :func:`check_speedups` draws one rollout of
-``run.accelerate.guard_groups`` prompt groups from the recipe's sampler, evaluates its trainable edges exactly as the
+``run.speedups.guard_groups`` prompt groups from the recipe's sampler, evaluates its trainable edges exactly as the
 update does (``Sampler.evaluate`` with gradients enabled, the policy in train mode, minibatches of at most the update
 rule's ``minibatch_edges`` edges, a parent's edges together) and compares ``exp(new - old)`` with 1. A rollout with no
 trainable edge of finite log-prob leaves nothing to measure, and the run is refused rather than passed unchecked.
@@ -62,7 +62,7 @@ class RatioCheck:
         max_error: ``max |ratio - 1|`` over the checked edges (the largest over ranks).
         mean_error: Mean ``|ratio - 1|`` (this rank's).
         edges: Trainable edges checked.
-        tolerance: ``run.accelerate.ratio_tolerance``.
+        tolerance: ``run.speedups.ratio_tolerance``.
         seconds: Wall time of the check (rollout, re-evaluation and any compilation they triggered).
     """
 
@@ -92,16 +92,16 @@ class RatioCheck:
 
 
 class SpeedupRatioError(RecipeError):
-    """The speed-ups change the importance ratio by more than ``run.accelerate.ratio_tolerance`` (a recipe problem:
+    """The speed-ups change the importance ratio by more than ``run.speedups.ratio_tolerance`` (a recipe problem:
     ``rlpost train`` exits with status 2 before the first step)."""
 
     def __init__(self, check: RatioCheck) -> None:
         self.check = check
         super().__init__(
             [
-                f"run.accelerate: the speed-ups {list(check.speedups)} change the importance ratio of a rollout "
+                f"run.speedups: the speed-ups {list(check.speedups)} change the importance ratio of a rollout "
                 f"re-evaluated by the training path: max |ratio - 1| = {check.max_error:.3g} over {check.edges} "
-                f"trainable edges > run.accelerate.ratio_tolerance = {check.tolerance:g}. Turn off the speed-up that "
+                f"trainable edges > run.speedups.ratio_tolerance = {check.tolerance:g}. Turn off the speed-up that "
                 "treats the rollout and the update differently (a one-path autocast_scope, compile on one path in "
                 "low precision, ...) or, knowingly, raise ratio_tolerance"
             ]
@@ -121,9 +121,9 @@ class RatioGuardEmptyError(RecipeError):
         )
         super().__init__(
             [
-                f"run.accelerate: the ratio guard has nothing to measure: the guard's rollout of {rollout.num_groups} "
+                f"run.speedups: the ratio guard has nothing to measure: the guard's rollout of {rollout.num_groups} "
                 f"group(s) has no trainable edge with a finite log-prob (sampler {sampler.name!r}: {why} for this "
-                f"draw), so the speed-ups {list(speedups)} cannot be checked. Raise run.accelerate.guard_groups, or "
+                f"draw), so the speed-ups {list(speedups)} cannot be checked. Raise run.speedups.guard_groups, or "
                 "turn the speed-ups off"
             ]
         )
@@ -179,13 +179,13 @@ def check_speedups(
             evaluates the copies the rule uses); ``None``: the live weights and the frozen reference only.
 
     Raises:
-        SpeedupRatioError: ``max |ratio - 1| > run.accelerate.ratio_tolerance``, naming the speed-ups and the error.
+        SpeedupRatioError: ``max |ratio - 1| > run.speedups.ratio_tolerance``, naming the speed-ups and the error.
         RatioGuardEmptyError: The ratio guard's rollout has no trainable edge with a finite log-prob.
         SpeedupLossError: The loss with the speed-ups differs from the loss without by more than
-            ``run.accelerate.loss_tolerance``, relatively.
+            ``run.speedups.loss_tolerance``, relatively.
         LossGuardEmptyError: The update rule passed no loss to ``backward`` on the guard's rollout.
     """
-    settings = recipe.run.accelerate
+    settings = recipe.run.speedups
     speedups = tuple(settings.enabled())
     if not speedups:
         return None

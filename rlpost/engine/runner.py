@@ -104,7 +104,7 @@ class Runner:
     def setup(self) -> None:
         """Create (or reopen, when resuming) the run directory, load weights, build the torch optimizer, the prompt
         stream, EMA, evaluator and trackers; then restore the checkpoint when resuming (``--resume latest`` without
-        one restarts from step 0, :mod:`rlpost.engine.rundir`). With ``run.accelerate`` on, the speed-ups are applied
+        one restarts from step 0, :mod:`rlpost.engine.rundir`). With ``run.speedups`` on, the speed-ups are applied
         after the model loads and the ratio guard runs last.
 
         Raises:
@@ -112,7 +112,7 @@ class Runner:
                 cannot be written; ``FileExistsError``: a new run's directory holds a run that trained.
             RunFinishedError: The resumed checkpoint already reached ``run.max_steps`` (before any weights load).
             RecipeError: The model or a reward cannot read its files (e.g. corrupt weights, named by the loader).
-            SpeedupRatioError: The speed-ups change the importance ratio beyond ``run.accelerate.ratio_tolerance``.
+            SpeedupRatioError: The speed-ups change the importance ratio beyond ``run.speedups.ratio_tolerance``.
         """
         r = self.recipe
         checkpoint: CheckpointInfo | None = None
@@ -137,7 +137,7 @@ class Runner:
         try:  # unreadable or corrupt weights (the loaders name the file) are a bad input, not a bug
             with self.phases.timed("load"):
                 r.model.setup(self.device)
-                apply_acceleration(r.model, r.run.accelerate)
+                apply_acceleration(r.model, r.run.speedups)
                 set_up_rewards(r.rewards, self.device, self.host)
         except OSError as exc:
             raise RecipeError([str(exc)]) from None
@@ -250,11 +250,11 @@ class Runner:
 
     def _sample_and_score(self) -> tuple[Rollout, RewardScores]:
         """The step's rollout (phase ``rollout``) and reward scores (phase ``reward``), with the hooks after each; with
-        ``run.accelerate.overlap_groups`` sampled in parts, each scored while the next samples
+        ``run.speedups.overlap_groups`` sampled in parts, each scored while the next samples
         (:mod:`rlpost.engine.overlap`), both in phase ``rollout``."""
         r, shard, timed, step = self.recipe, self.shard, self.phases.timed, self.ctx.step
         assert self.stream is not None and self.copies is not None
-        parts = r.run.accelerate.overlap_groups
+        parts = r.run.speedups.overlap_groups
         weights = r.optimizer.rollout_copy(step) or LIVE  # e.g. DiffusionNFT samples with its "old" copy
         with timed("rollout"):
             batch = shard.next_batch(self.stream, r.run.groups_per_step, r.run.samples_per_group)

@@ -87,7 +87,7 @@ def group_rollouts(
 ) -> Iterator[Rollout]:
     """Step ``step``'s rollout of ``batch`` in parts of at most ``groups_per_part`` groups, each group with its own
     ``(seed, stream 1, step, global group)`` generator (:meth:`Sampler.rollout_groups`): a part is sampled only when
-    the caller asks for it, so the caller can score one part while the next samples (``run.accelerate.overlap``).
+    the caller asks for it, so the caller can score one part while the next samples (``run.speedups.overlap``).
 
     The parts' groups draw exactly what they draw in one call over the whole batch (the generators are per group);
     only the batch a transformer forward runs at changes, i.e. results agree up to floating-point batch effects.
@@ -292,7 +292,7 @@ class LocalSharding:
     ) -> Iterator[Rollout]:
         """Step ``step``'s rollout in parts of ``groups_per_part`` groups with per-group generators
         (:func:`group_rollouts`): the sharded path's streams, not the run's stateful one, so it equals a one-rank
-        ``distributed`` run (not :meth:`rollout`'s draws); ``run.accelerate.overlap`` scores a part while the next
+        ``distributed`` run (not :meth:`rollout`'s draws); ``run.speedups.overlap`` scores a part while the next
         samples."""
         begin_step(sampler, self.seed, step)
         yield from group_rollouts(sampler, policy, batch, self.seed, step, groups_per_part)

@@ -14,7 +14,7 @@ from rlpost.engine.logging_ import MetricsLogger
 from rlpost.engine.phases import STEP_PHASES, PhaseTimer
 from rlpost.engine.ratio_guard import SpeedupCheck
 from rlpost.engine.sharding import UpdateTotals
-from rlpost.ops.images import save_grid
+from rlpost.ops.images import save_grid, save_video_grid
 
 __all__ = ["save_step_grid", "step_metrics"]
 
@@ -53,9 +53,15 @@ def save_step_grid(
     run_dir: Path, step: int, rollout: Rollout, scores: RewardScores, logger: MetricsLogger | None
 ) -> None:
     """Write the step's samples as ``grids/step_NNNNNN.png`` captioned with prompt and weighted reward, and log it
-    as ``samples/grid``."""
+    as ``samples/grid``; a video model's samples also as the animated ``grids/step_NNNNNN.gif``, logged as the video
+    ``samples/video``."""
     total = scores.weighted_sum()
     captions = [f"{p} | r={float(v):.3g}" for p, v in zip(rollout.sample_prompts, total, strict=True)]
     grid = save_grid(rollout.media, captions, run_dir / "grids" / f"step_{step:06d}.png")
+    video = None
+    if rollout.media.shape[1] > 1:
+        video = save_video_grid(rollout.media, captions, grid.with_suffix(".gif"))
     if logger is not None:
         logger.log_image(step, "samples/grid", grid)
+        if video is not None:
+            logger.log_video(step, "samples/video", video)

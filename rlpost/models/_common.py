@@ -257,12 +257,12 @@ class DiffusersTransformerPolicy(Policy):
         self._speedups = None
 
     def accelerate(self, settings: AccelerateConfig) -> None:
-        """Apply ``run.accelerate`` after :meth:`setup` (:mod:`rlpost.models.acceleration`): attention backend,
+        """Apply ``run.speedups`` after :meth:`setup` (:mod:`rlpost.models.acceleration`): attention backend,
         channels-last VAE and in-place ``torch.compile`` of ``pipe.transformer``; every later transformer call of
         ``velocity`` runs under the call's speed-ups (compiled or eager, autocast) by its gradient mode.
 
         Raises:
-            ValueError: A speed-up this model cannot apply (naming its ``run.accelerate`` field).
+            ValueError: A speed-up this model cannot apply (naming its ``run.speedups`` field).
         """
         speedups = Speedups(settings, self.device)
         speedups.apply(self.transformer, getattr(self.pipe, "vae", None))
@@ -273,7 +273,7 @@ class DiffusersTransformerPolicy(Policy):
         self._cache.clear()
 
     def without_speedups(self) -> AbstractContextManager[None]:
-        """Transformer calls as without ``run.accelerate`` while open (:meth:`Speedups.bypassed`; a no-op when
+        """Transformer calls as without ``run.speedups`` while open (:meth:`Speedups.bypassed`; a no-op when
         :meth:`accelerate` was not called)."""
         return nullcontext() if self._speedups is None else self._speedups.bypassed()
 
@@ -319,7 +319,7 @@ class DiffusersTransformerPolicy(Policy):
 
     def _active_transformer(self) -> Any:
         """The denoiser ``velocity`` calls: the frozen copy inside :meth:`reference` under full fine-tuning; with
-        ``run.accelerate`` on, a stand-in calling it under the speed-ups (its attributes are the module's)."""
+        ``run.speedups`` on, a stand-in calling it under the speed-ups (its attributes are the module's)."""
         module = self._ref_transformer if (self._use_ref and self._ref_transformer is not None) else self.transformer
         return module if self._speedups is None else self._speedups.wrap(module)
 

@@ -1,4 +1,4 @@
-"""Opt-in speed-ups of a diffusers transformer policy: the ``run.accelerate`` settings (:class:`AccelerateConfig`) and
+"""Opt-in speed-ups of a diffusers transformer policy: the ``run.speedups`` settings (:class:`AccelerateConfig`) and
 how they are applied (:class:`Speedups`; docs/speed.md says what each one changes numerically).
 
 Every speed-up is off by default. What each does, and where it hooks in:
@@ -95,7 +95,7 @@ def _device_type(spec: str) -> str | None:
 
 @dataclass
 class AccelerateConfig:
-    """``run.accelerate``: opt-in speed-ups, each documented with what it changes numerically in docs/speed.md.
+    """``run.speedups``: opt-in speed-ups, each documented with what it changes numerically in docs/speed.md.
 
     Attributes:
         compile: ``torch.compile`` of the transformer for the ``rollout`` (no-grad forwards: rollouts, evaluation,
@@ -162,9 +162,9 @@ class AccelerateConfig:
         return self.enabled() + ([f"overlap_groups={self.overlap_groups}"] if self.overlap_groups else [])
 
     def problems(self, device: str = "auto") -> list[str]:
-        """Range problems, each naming its field relative to ``run`` (``accelerate.<field>``), for ``run.device``
+        """Range problems, each naming its field relative to ``run`` (``speedups.<field>``), for ``run.device``
         ``device``: CUDA-only speed-ups are refused on a CPU run."""
-        p = "accelerate."
+        p = "speedups."
         problems: list[str] = []
         kind = _device_type(device)
         for name, allowed in (
@@ -199,7 +199,7 @@ class AccelerateConfig:
         name = self.attention_backend
         if name is None:
             return []
-        field = "accelerate.attention_backend"
+        field = "speedups.attention_backend"
         names = attention_backend_names()
         if name not in names:
             return [f"{field}: unknown backend {name!r}; diffusers knows {sorted(names)}"]
@@ -212,7 +212,7 @@ class AccelerateConfig:
 
 @runtime_checkable
 class Accelerable(Protocol):
-    """A policy that can apply ``run.accelerate`` (every :class:`~rlpost.models.DiffusersTransformerPolicy`)."""
+    """A policy that can apply ``run.speedups`` (every :class:`~rlpost.models.DiffusersTransformerPolicy`)."""
 
     def accelerate(self, settings: AccelerateConfig) -> None:
         """Apply the speed-ups after ``setup``."""
@@ -221,15 +221,15 @@ class Accelerable(Protocol):
         """Forget cached prompt encodings (the ratio guard leaves the cache as it found it)."""
 
     def without_speedups(self) -> AbstractContextManager[None]:
-        """Run every transformer call as without ``run.accelerate`` while the context is open
+        """Run every transformer call as without ``run.speedups`` while the context is open
         (:meth:`Speedups.bypassed`; nothing changes when no speed-up was applied): the loss guard's reference."""
 
 
 def acceleration_problems(settings: AccelerateConfig, model: object) -> list[str]:
-    """``run.accelerate`` asks for speed-ups the model cannot apply (a policy without :class:`Accelerable`)."""
+    """``run.speedups`` asks for speed-ups the model cannot apply (a policy without :class:`Accelerable`)."""
     if settings.enabled() and not isinstance(model, Accelerable):
         name = getattr(model, "name", type(model).__name__)
-        return [f"run.accelerate: model {name!r} ({type(model).__name__}) does not support speed-ups; turn them off"]
+        return [f"run.speedups: model {name!r} ({type(model).__name__}) does not support speed-ups; turn them off"]
     return []
 
 
@@ -272,7 +272,7 @@ def _channels_last(vae: nn.Module) -> None:
 
 
 class Speedups:
-    """``run.accelerate`` applied to one policy: set up once by :meth:`apply`, then every transformer call goes
+    """``run.speedups`` applied to one policy: set up once by :meth:`apply`, then every transformer call goes
     through :meth:`call`.
 
     Args:
@@ -296,7 +296,7 @@ class Speedups:
 
         Raises:
             ValueError: The backend cannot serve this model's attention processors, or its package is missing
-                (naming ``run.accelerate.attention_backend``).
+                (naming ``run.speedups.attention_backend``).
         """
         s = self.settings
         if s.attention_backend is not None:
@@ -307,7 +307,7 @@ class Speedups:
             self._compile(transformer)
 
     def _set_attention_backend(self, transformer: nn.Module, name: str) -> None:
-        field = "run.accelerate.attention_backend"
+        field = "run.speedups.attention_backend"
         processors = list(getattr(transformer, "attn_processors", {}).values())
         dispatching = [p for p in processors if hasattr(p, "_attention_backend")]
         if dispatching:

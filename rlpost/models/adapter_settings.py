@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
-__all__ = ["SD3_LORA_TARGETS", "DTypeName", "LoraSpec", "resolve_dtype"]
+__all__ = ["SD3_LORA_TARGETS", "DTypeName", "LoraSpec", "peft_lora_names", "resolve_dtype"]
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -38,6 +38,9 @@ class LoraSpec:
             either way, so a fresh adapter leaves the model unchanged.
         target_modules: Module-name suffixes to adapt; defaults to SD3's attention projections.
         dropout: LoRA dropout. Keep 0: dropout makes recomputed log-probs differ from the rollout's.
+        r: peft's name for ``rank`` (``LoraConfig.r``); given, it sets ``rank``.
+        lora_alpha: peft's name for ``alpha``; given, it sets ``alpha``.
+        lora_dropout: peft's name for ``dropout``; given, it sets ``dropout``.
     """
 
     rank: int = 32
@@ -45,6 +48,20 @@ class LoraSpec:
     init_lora_weights: Literal["gaussian"] | bool = "gaussian"
     target_modules: list[str] = field(default_factory=lambda: list(SD3_LORA_TARGETS))
     dropout: float = 0.0
+    r: int | None = None
+    lora_alpha: int | None = None
+    lora_dropout: float | None = None
+
+    PEFT_NAMES: ClassVar[dict[str, str]] = {"r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout"}
+    """peft ``LoraConfig`` name -> rlpost's name; a recipe may use either (the run's recipe.yaml stores rlpost's)."""
+
+    def __post_init__(self) -> None:
+        """Move values given under peft's names to rlpost's."""
+        for peft_name, name in self.PEFT_NAMES.items():
+            value = getattr(self, peft_name)
+            if value is not None:
+                setattr(self, name, value)
+                setattr(self, peft_name, None)
 
     def problems(self, prefix: str) -> list[str]:
         """Range problems of these settings, each naming its field under ``prefix`` (e.g. ``model.init_args.lora``)."""
@@ -70,6 +87,40 @@ class LoraSpec:
             target_modules=list(self.target_modules),
             lora_dropout=self.dropout,
         )
+
+
+def peft_lora_names(model: Any) -> tuple[Any, list[str]]:
+    """The recipe's ``model`` section with its LoRA settings (``init_args.lora``, or ``lora`` in the shorthand form)
+    given under peft's names (``r``, ``lora_alpha``, ``lora_dropout``) renamed to rlpost's (``rank``, ``alpha``,
+    ``dropout``), and the problems: a setting given under both names with different values.
+
+    A command line's ``--model.init_args.lora.r 8`` reaches validation with every default filled in (``rank: 32``
+    beside ``r: 8``): the peft name, given (not null), wins.
+    """
+    if not isinstance(model, dict):
+        return model, []
+    problems: list[str] = []
+    out = dict(model)
+    for where, holder in (("model.init_args.lora", out.get("init_args")), ("model.lora", out)):
+        if not isinstance(holder, dict) or not isinstance(holder.get("lora"), dict):
+            continue
+        lora = dict(holder["lora"])
+        for peft_name, name in LoraSpec.PEFT_NAMES.items():
+            if peft_name not in lora:
+                continue
+            value = lora.pop(peft_name)
+            if value is None:
+                continue
+            given = lora.get(name)
+            default = getattr(LoraSpec, name)
+            if given is not None and given != value and given != default:
+                problems.append(f"{where}: {name}={given!r} and peft's {peft_name}={value!r} disagree; give one")
+            lora[name] = value
+        if holder is out:
+            out["lora"] = lora
+        else:
+            out["init_args"] = {**holder, "lora": lora}
+    return out, problems
 
 
 def resolve_dtype(name: DTypeName, device: torch.device) -> torch.dtype:

@@ -3,7 +3,8 @@
 Samples are media, ``[F, H, W, 3]`` uint8 frames each (``F = 1`` for images, :mod:`rlpost.ops.media`). In a grid a
 sample is its frame strip (:func:`frame_strip`: up to :data:`STRIP_FRAMES` evenly spaced frames side by side; an
 image is itself); on disk it is one lossless PNG of its frames stacked top to bottom (an image is itself, exactly as
-before) and, for video, an animated GIF beside it for viewing.
+before) and, for video, an animated GIF beside it for viewing; a video grid (:func:`save_video_grid`) is an animated
+GIF of the captioned grids of each frame, which the trackers show as video.
 """
 
 from __future__ import annotations
@@ -15,13 +16,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 
 from rlpost.ops.media import as_media
 
-__all__ = ["STRIP_FRAMES", "agg_pyplot", "frame_strip", "save_figure", "save_gif", "save_grid", "save_images"]
+__all__ = [
+    "STRIP_FRAMES",
+    "agg_pyplot",
+    "frame_strip",
+    "save_figure",
+    "save_gif",
+    "save_grid",
+    "save_images",
+    "save_video_grid",
+]
 
 STRIP_FRAMES = 4
 """Frames a video sample shows in a grid tile (first, last and evenly spaced between)."""
@@ -83,6 +94,29 @@ def save_grid(images: Tensor, captions: Sequence[str], path: Path, ncols: int | 
     """
     media = as_media(images.detach().to("cpu", torch.uint8))
     imgs = torch.stack([frame_strip(clip) for clip in media]) if media.shape[0] else media[:, 0]
+    grid = _grid_picture(imgs, captions, ncols)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+    return path
+
+
+def save_video_grid(media: Tensor, captions: Sequence[str], path: Path, ncols: int | None = None) -> Path:
+    """Write ``[B, F, H, W, 3]`` uint8 media as one animated GIF grid: frame ``t`` of the GIF is the captioned grid
+    (:func:`save_grid`'s layout) of every sample's frame ``t``, so the trackers can show the samples as video.
+
+    Args:
+        media: The videos (any device; all of one length).
+        captions: One caption per sample.
+        path: Output GIF path (parents are created).
+        ncols: Columns; default ``ceil(sqrt(B))``.
+    """
+    clips = as_media(media.detach().to("cpu", torch.uint8))
+    frames = [np.asarray(_grid_picture(clips[:, t], captions, ncols)) for t in range(int(clips.shape[1]))]
+    return save_gif(torch.from_numpy(np.stack(frames)), path)
+
+
+def _grid_picture(imgs: Tensor, captions: Sequence[str], ncols: int | None) -> Image.Image:
+    """``[B, H, W, 3]`` uint8 CPU images tiled ``ncols`` wide, each captioned below (tiny images upscaled)."""
     n = int(imgs.shape[0])
     if n == 0:
         raise ValueError("save_grid: no images")
@@ -102,9 +136,7 @@ def save_grid(images: Tensor, captions: Sequence[str], path: Path, ncols: int | 
         grid.paste(tile, (x, y))
         for j, line in enumerate(_wrap(captions[i] if i < len(captions) else "", cw)):
             draw.text((x + 2, y + ch + 2 + j * _LINE_H), line, fill="black", font=font)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    grid.save(path)
-    return path
+    return grid
 
 
 def save_images(images: Tensor, directory: Path, prefix: str = "") -> list[Path]:

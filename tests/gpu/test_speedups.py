@@ -1,4 +1,4 @@
-"""``run.accelerate`` speed-ups that need CUDA (marker ``gpu``; skipped cleanly without CUDA by tests/conftest.py):
+"""``run.speedups`` speed-ups that need CUDA (marker ``gpu``; skipped cleanly without CUDA by tests/conftest.py):
 CUDA graphs through torch.compile, the GPU attention kernels and bf16 autocast over fp32 weights, each on the tiny
 builds with bf16 weights; the ratio guard passes them and still refuses a planted lossy speed-up.
 
@@ -48,15 +48,15 @@ def _runner(tmp_path: Path, family: str, model_dir: Path, pairs: list[tuple[str,
 
 
 CASES: dict[str, tuple[str, list[tuple[str, str]]]] = {
-    "sd3-cuda-graphs": ("sd3", [("run.accelerate.compile", "both"), ("run.accelerate.cuda_graphs", "true")]),
+    "sd3-cuda-graphs": ("sd3", [("run.speedups.compile", "both"), ("run.speedups.cuda_graphs", "true")]),
     "sd3-compile-whole-model-rollout": (
         "sd3",
-        [("run.accelerate.compile", "rollout"), ("run.accelerate.compile_regional", "false")],
+        [("run.speedups.compile", "rollout"), ("run.speedups.compile_regional", "false")],
     ),
-    "sd3-sdpa-flash": ("sd3", [("run.accelerate.attention_backend", "_native_flash")]),  # torch's sdpa_kernel
-    "flux-sdpa-flash": ("flux", [("run.accelerate.attention_backend", "_native_flash")]),  # diffusers' dispatcher
-    "flux-sdpa-efficient": ("flux", [("run.accelerate.attention_backend", "_native_efficient")]),
-    "sd3-channels-last": ("sd3", [("run.accelerate.vae_channels_last", "true")]),
+    "sd3-sdpa-flash": ("sd3", [("run.speedups.attention_backend", "_native_flash")]),  # torch's sdpa_kernel
+    "flux-sdpa-flash": ("flux", [("run.speedups.attention_backend", "_native_flash")]),  # diffusers' dispatcher
+    "flux-sdpa-efficient": ("flux", [("run.speedups.attention_backend", "_native_efficient")]),
+    "sd3-channels-last": ("sd3", [("run.speedups.vae_channels_last", "true")]),
 }
 
 
@@ -72,7 +72,7 @@ def test_cuda_speedups_pass_the_guard_and_train(case: str, request: pytest.Fixtu
 
 def test_bf16_autocast_over_fp32_weights(tiny_sd3_dir: Path, tmp_path: Path) -> None:
     """Mixed precision (fp32 weights, bf16 autocast on both paths) keeps the ratio at 1."""
-    runner = _runner(tmp_path, "sd3", tiny_sd3_dir, [("run.accelerate.autocast", "bfloat16")], dtype="float32")
+    runner = _runner(tmp_path, "sd3", tiny_sd3_dir, [("run.speedups.autocast", "bfloat16")], dtype="float32")
     runner.run()
     assert runner.ratio_check is not None and runner.ratio_check.max_error <= 1e-4
 
@@ -87,8 +87,8 @@ def test_guard_refuses_a_planted_lossy_speedup_on_cuda(
         return out if torch.is_grad_enabled() else tuple(o * 1.1 for o in out)
 
     monkeypatch.setattr(Speedups, "call", lossy)
-    runner = _runner(tmp_path, "sd3", tiny_sd3_dir, [("run.accelerate.attention_backend", "_native_flash")])
-    with pytest.raises(SpeedupRatioError, match=r"run\.accelerate: the speed-ups \['attention_backend=_native_flash"):
+    runner = _runner(tmp_path, "sd3", tiny_sd3_dir, [("run.speedups.attention_backend", "_native_flash")])
+    with pytest.raises(SpeedupRatioError, match=r"run\.speedups: the speed-ups \['attention_backend=_native_flash"):
         runner.setup()
 
 

@@ -146,16 +146,14 @@ def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch
             assert without_kl[0] == without_kl[1]
         if name.endswith("-compile"):
             plain = configs[name.removesuffix("-compile")]
-            assert config["run"]["accelerate"]["compile"] == "both" and plain["run"]["accelerate"]["compile"] == "off"
+            assert config["run"]["speedups"]["compile"] == "both" and plain["run"]["speedups"]["compile"] == "off"
             assert {k: v for k, v in config.items() if k != "run"} == {k: v for k, v in plain.items() if k != "run"}
-            assert {**config["run"], "accelerate": None} == {**plain["run"], "accelerate": None}
+            assert {**config["run"], "speedups": None} == {**plain["run"], "speedups": None}
         if name.endswith("-overlap"):
             plain = configs[name.removesuffix("-overlap")]
-            assert (
-                config["run"]["accelerate"]["overlap_groups"] == 1 and plain["run"]["accelerate"]["overlap_groups"] == 0
-            )
+            assert config["run"]["speedups"]["overlap_groups"] == 1 and plain["run"]["speedups"]["overlap_groups"] == 0
             assert {k: v for k, v in config.items() if k != "run"} == {k: v for k, v in plain.items() if k != "run"}
-            assert {**config["run"], "accelerate": None} == {**plain["run"], "accelerate": None}
+            assert {**config["run"], "speedups": None} == {**plain["run"], "speedups": None}
         if name.endswith("-floor"):
             plain = configs[name.removesuffix("-floor")]
             assert config["advantage"]["init_args"]["eps"] == 0.05 and plain["advantage"]["init_args"]["eps"] == 1e-8

@@ -135,13 +135,13 @@ def test_gpu_presets_validate(narrow_wan: Path, tiny_sd3_dir: Path, tmp_path: Pa
         gpu_speed.preset_config("treegrpo-paper+fast@32", str(tiny_sd3_dir), 1, 2, str(tmp_path / "a"), "cpu", 32),
         host,
     )
-    assert fast.run.groups_per_step == 32 and fast.run.accelerate.compile == "both"
-    assert fast.run.accelerate.vae_channels_last and fast.sampler.chunk_size == 32  # the shipped recipe's chunking
+    assert fast.run.groups_per_step == 32 and fast.run.speedups.compile == "both"
+    assert fast.run.speedups.vae_channels_last and fast.sampler.chunk_size == 32  # the shipped recipe's chunking
     assert fast.counts().images == 32 * 27
     plain = validate(
         gpu_speed.preset_config("dancegrpo", str(tiny_sd3_dir), 2, 2, str(tmp_path / "b"), "cpu", 32), host
     )
-    assert plain.run.accelerate.enabled() == [] and plain.run.groups_per_step == 2
+    assert plain.run.speedups.enabled() == [] and plain.run.groups_per_step == 2
     for arm in ("treegrpo-wan", "dancegrpo-wan+fast"):
         recipe = validate(gpu_speed.preset_config(arm, str(narrow_wan), 1, 2, str(tmp_path / arm), "cpu"), host)
         model: Any = recipe.model

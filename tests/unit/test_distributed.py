@@ -259,3 +259,49 @@ def test_zero3_two_ranks(two_rank_zero2):
     assert [m["step"] for m in _metrics(tmp / "z3")] == [1, 2]
     # ZeRO-3 shards the parameters themselves; the gathered checkpoint matches ZeRO-2's result.
     _assert_same(_weights(tmp / "two", 2), _weights(tmp / "z3", 2))
+
+
+def _rlpost_train(*args: str) -> subprocess.CompletedProcess[str]:
+    """``rlpost train ARGS`` (the console script's module) in a subprocess, CPU DeepSpeed settings as ``_launch``."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions"),
+            "DS_ACCELERATOR": "cpu",
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "rlpost.apps.cli", "train", *args]
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_train_nproc_per_node_starts_the_ranks_itself(tmp_path, tiny_sd3_dir):
+    """``rlpost train --nproc_per_node 2`` (torch's elastic launcher, no torchrun command) trains on two ranks: the
+    same weights and metrics as one rank (as the torchrun launch above), and the ranks see WORLD_SIZE 2."""
+    host = build_host()
+    cfg = _tree_recipe(tiny_sd3_dir, tmp_path / "two", host, zero_stage=2)
+    cfg["checkpoint"] = {"every": 1, "keep_last": 0}
+    proc = _rlpost_train("--nproc_per_node", "2", "--recipe", str(_write(tmp_path, "two", cfg)))
+    if proc.returncode != 0 and ABORT in proc.stderr:  # the rare gloo abort _launch retries too
+        shutil.rmtree(tmp_path / "two", ignore_errors=True)
+        proc = _rlpost_train("--nproc_per_node", "2", "--recipe", str(_write(tmp_path, "two", cfg)))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    one = {**cfg, "run": {**cfg["run"], "output_dir": str(tmp_path / "one")}}
+    _launch(_write(tmp_path, "one", one), 1)
+    _assert_same(_weights(tmp_path / "two", 2), _weights(tmp_path / "one", 2))
+    _assert_metrics_close(_metrics(tmp_path / "two"), _metrics(tmp_path / "one"))
+    # Three prompt groups do not split over two ranks: every rank refuses the recipe, and the launch fails.
+    odd = {**cfg, "run": {**cfg["run"], "output_dir": str(tmp_path / "odd"), "groups_per_step": 3}}
+    proc = _rlpost_train("--nproc_per_node=2", "--recipe", str(_write(tmp_path, "odd", odd)))
+    assert proc.returncode != 0 and "do not divide across 2 ranks (WORLD_SIZE)" in proc.stderr
+
+
+def test_nproc_per_node_is_checked(capsys):
+    from rlpost.apps import cli
+
+    assert cli.main(["train", "--nproc_per_node", "0", "--recipe", "x.yaml"]) == 2
+    assert "--nproc_per_node: expected a positive number of processes, got '0'" in capsys.readouterr().err

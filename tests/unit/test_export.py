@@ -5,8 +5,11 @@ model card parses with ``huggingface_hub.ModelCard.load`` and names the base mod
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
+import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,6 +113,65 @@ def test_exported_card_parses_and_names_base_model_license_tags_and_recipe(lora_
     assert ModelCard.load(tmp_path / "e2" / "README.md").data.license == "apache-2.0"
 
 
+def test_export_is_world_readable_and_its_card_shows_the_sampling_settings(lora_run, tmp_path):
+    run, _ = lora_run
+    weights = next((run / "checkpoints").glob("step_*/lora/*.safetensors"))
+    assert stat.S_IMODE(weights.stat().st_mode) == 0o600  # checkpoints stay owner-only
+    old = os.umask(0o022)
+    try:
+        assert cli.main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "export").rglob("*"):
+        if path.is_file():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+    text = ModelCard.load(tmp_path / "export" / "README.md").text
+    # eval.num_steps, the model's guidance scale, resolution and text length: the settings the run evaluated with.
+    call = "pipe(prompt, num_inference_steps=3, guidance_scale=1.0, height=32, width=32, max_sequence_length=32)"
+    assert f"image = {call}.images[0]" in text
+
+
+class _FakeHub:
+    """huggingface_hub.HfApi stand-in recording the calls (the HTTP boundary is not crossed in tests)."""
+
+    calls: list = []
+
+    def __init__(self, token=None):
+        self.calls.append(("init", token))
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs, sorted(p.name for p in Path(kwargs["folder_path"]).iterdir())))
+        return f"https://huggingface.co/{kwargs['repo_id']}/commit/0123"
+
+
+def test_export_pushes_to_the_hub_through_huggingface_hub(lora_run, tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    run, _ = lora_run
+    monkeypatch.setattr(huggingface_hub, "HfApi", _FakeHub)
+    _FakeHub.calls = []
+    out = tmp_path / "export"
+    args = ["export", "--run", str(run), "--out", str(out), "--push_to_hub", "me/tiny-lora", "--private"]
+    assert cli.main(args) == 0
+    assert _FakeHub.calls == [
+        ("init", None),
+        ("create_repo", "me/tiny-lora", {"repo_type": "model", "private": True, "exist_ok": True}),
+        (
+            "upload_folder",
+            {"repo_id": "me/tiny-lora", "repo_type": "model", "folder_path": str(out),
+             "commit_message": "Upload export (rlpost export)"},
+            ["README.md", "pytorch_lora_weights.safetensors"],
+        ),
+    ]  # fmt: skip
+    assert "pushed to https://huggingface.co/me/tiny-lora/commit/0123" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["export", "--run", str(run), "--out", str(out), "--push_to_hub", "not a repo"])
+    assert exit_.value.code == 2 and "'not a repo' is not a Hugging Face Hub id" in capsys.readouterr().err
+
+
 def test_sample_cli_reproduces_eval(lora_run, tmp_path, monkeypatch):
     run, host = lora_run
     monkeypatch.setattr(cli, "get_host", lambda: host)
@@ -184,10 +246,19 @@ def test_model_card_local_base_and_no_base(tmp_path):
     local = tmp_path / "my-sd3"
     local.mkdir()
     (local / "README.md").write_text("---\nlicense: mit\n---\n")
-    data = _card(tmp_path, str(local)).data
-    assert data.base_model == str(local.resolve()) and data.license == "mit"
-    odd = _card(tmp_path, "org/name..bad").data  # not a valid Hub id: kept, and the cache lookup does not raise
-    assert odd.base_model == "org/name..bad" and odd.license == "other"
+    card = _card(tmp_path, str(local))
+    # A local base is no Hub id: the metadata (which the Hub links) leaves it out; the text names the path.
+    assert card.data.base_model is None and card.data.license == "mit"
+    assert f'DiffusionPipeline.from_pretrained("{local.resolve()}")' in card.text
+    # Its Hub id, given at export or recorded by diffusers in model_index.json, is the card's base_model.
+    named = _model_card({**MANIFEST, "base_model": str(local)}, tmp_path / "run", "lora", base_model="org/sd3")
+    assert named.data.base_model == "org/sd3" and named.data.base_model_relation == "adapter"
+    (local / "model_index.json").write_text(json.dumps({"_class_name": "X", "_name_or_path": "org/saved-from"}))
+    assert _card(tmp_path, str(local)).data.base_model == "org/saved-from"
+    odd = _card(
+        tmp_path, "org/name..bad"
+    ).data  # not a valid Hub id (a path elsewhere?): the cache lookup does not raise
+    assert odd.base_model is None and odd.license == "other"
     none = _card(tmp_path, None).data
     assert none.base_model is None and getattr(none, "base_model_relation", None) is None
     assert none.license == "other" and none.pipeline_tag == "text-to-image"
@@ -309,3 +380,25 @@ def test_export_and_sample_name_a_missing_or_broken_run_directory(tmp_path, caps
         err = capsys.readouterr().err
         assert f"{run / 'recipe.yaml'} not found" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_lora_settings_accept_peft_names(tiny_sd3_dir, tmp_path):
+    from peft import LoraConfig
+
+    from rlpost.engine.recipe import RecipeError
+    from rlpost.models.adapter_settings import LoraSpec
+
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
+    cfg = toy_components.toy_recipe(str(tmp_path / "run"))
+    cfg["model"] = {
+        "class_path": "sd3",
+        "init_args": {"pretrained": str(tiny_sd3_dir), "resolution": 32, "lora": {"r": 4, "lora_alpha": 8}},
+    }
+    recipe = validate(cfg, host)
+    assert recipe.config["model"]["init_args"]["lora"] == {"rank": 4, "alpha": 8}  # recipe.yaml: rlpost's names
+    peft = recipe.model.lora.to_peft()  # type: ignore[attr-defined]
+    assert isinstance(peft, LoraConfig) and (peft.r, peft.lora_alpha) == (4, 8)
+    assert (LoraSpec(r=2, lora_alpha=3, lora_dropout=0.5).rank, LoraSpec(lora_alpha=3).alpha) == (2, 3)
+    cfg["model"]["init_args"]["lora"] = {"rank": 16, "r": 4}
+    with pytest.raises(RecipeError, match=r"model.init_args.lora: rank=16 and peft's r=4 disagree; give one"):
+        validate(cfg, host)

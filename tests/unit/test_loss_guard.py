@@ -1,6 +1,6 @@
 """The loss guard (rlpost/engine/loss_guard.py): a run whose update rule is likelihood-free (it does not require
 edge-log-probs) gets it instead of the ratio guard; it passes speed-ups that leave the loss as it is, refuses one that
-changes it (exit 2, naming the speed-ups, the error and run.accelerate.loss_tolerance), and leaves the run as it found
+changes it (exit 2, naming the speed-ups, the error and run.speedups.loss_tolerance), and leaves the run as it found
 it. The likelihood-free rule is ``tests.toy_components.ToyFlowMatching`` (advantage-weighted flow matching with a pull
 towards a weight copy ``old``), on the tiny SD3 with the DanceGRPO sampler's clean samples."""
 
@@ -27,7 +27,7 @@ LIKELIHOOD_FREE = [
     ("copies", "{old: {rate: 0.001, cap: 0.5}}"),
     ("rewards", "[{class_path: tests.toy_components.ToyMeanReward}]"),
 ]
-BF16_TRAIN = [("run.accelerate.autocast", "bfloat16"), ("run.accelerate.autocast_scope", "train")]
+BF16_TRAIN = [("run.speedups.autocast", "bfloat16"), ("run.speedups.autocast_scope", "train")]
 """bf16 autocast of the forwards with gradients: the loss moves by bf16 rounding (measured 1.2e-2 relative on the
 tiny SD3 with this rule), an order of magnitude past the default tolerance 1e-3."""
 
@@ -62,7 +62,7 @@ def test_the_recording_backend_trains_nothing() -> None:
 
 
 def test_an_eager_equal_speedup_passes_and_is_logged(tmp_path: Path) -> None:
-    runner = _runner(tmp_path, [("run.accelerate.attention_backend", "_native_math"), ("run.max_steps", "1")])
+    runner = _runner(tmp_path, [("run.speedups.attention_backend", "_native_math"), ("run.max_steps", "1")])
     history = runner.run()
     check = runner.ratio_check
     assert isinstance(check, LossCheck) and check.passed  # a likelihood-free rule: the loss guard, not the ratio's
@@ -80,13 +80,13 @@ def test_train_refuses_a_speedup_that_changes_the_loss(tmp_path: Path, capsys: p
         args += [f"--{key}", value]
     assert cli.main(args) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "run.accelerate: the speed-ups ['autocast=bfloat16 (train)'] change the update rule's loss" in err
-    assert "> run.accelerate.loss_tolerance = 0.001" in err and "Traceback" not in err
+    assert "run.speedups: the speed-ups ['autocast=bfloat16 (train)'] change the update rule's loss" in err
+    assert "> run.speedups.loss_tolerance = 0.001" in err and "Traceback" not in err
     assert not (out / "metrics.jsonl").exists()
 
 
 def test_the_loss_tolerance_decides(tmp_path: Path) -> None:
-    runner = _runner(tmp_path, [*BF16_TRAIN, ("run.accelerate.loss_tolerance", "0.5")])
+    runner = _runner(tmp_path, [*BF16_TRAIN, ("run.speedups.loss_tolerance", "0.5")])
     runner.setup()
     check = runner.ratio_check
     assert isinstance(check, LossCheck) and 1e-3 < check.error <= 0.5
@@ -110,7 +110,7 @@ def _state(runner: Runner) -> dict[str, Any]:
 def test_the_loss_guard_leaves_the_run_as_it_found_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Every RNG stream, the weights, the weight copies, the prompt stream, the sampler state and the prompt cache are
     as without the guard, so the first step trains the same."""
-    pairs = [("run.accelerate.attention_backend", "_native_math")]
+    pairs = [("run.speedups.attention_backend", "_native_math")]
     guarded = _runner(tmp_path, pairs, name="guarded")
     guarded.setup()
     assert isinstance(guarded.ratio_check, LossCheck)

@@ -1,4 +1,4 @@
-"""Overlapped rollouts (``run.accelerate.overlap_groups``, rlpost/engine/overlap.py): each finished part of a step is
+"""Overlapped rollouts (``run.speedups.overlap_groups``, rlpost/engine/overlap.py): each finished part of a step is
 scored while the next part samples, and the results are those of sampling the step's groups in one part."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _history(tmp_path: Path, name: str, overlap_groups: int) -> tuple[list[dict[
     pairs = [
         ("run.output_dir", str(tmp_path / name)),
         ("run.groups_per_step", "2"),
-        ("run.accelerate", f"{{overlap_groups: {overlap_groups}}}"),
+        ("run.speedups", f"{{overlap_groups: {overlap_groups}}}"),
     ]
     runner = Runner(validate(parse_recipe([TINY_TREE], pairs, host), host), host)
     return runner.run(), runner
@@ -87,7 +87,7 @@ def test_a_part_is_scored_while_the_next_one_samples(tmp_path: Path) -> None:
     WATCH.clear()
     WATCH.update(scoring_started=threading.Event(), next_part_sampling=threading.Event(), waited=[])
     host = build_host(load_entrypoints=False, extra_plugins=(toy_components, _Plugin()))
-    cfg = toy_recipe(str(tmp_path / "run"), max_steps=1, groups_per_step=3, accelerate={"overlap_groups": 1})
+    cfg = toy_recipe(str(tmp_path / "run"), max_steps=1, groups_per_step=3, speedups={"overlap_groups": 1})
     cfg["rewards"] = [{"class_path": "waits-for-next-part"}]
     runner = Runner(validate(cfg, host), host)
     sampler = runner.recipe.sampler
@@ -113,8 +113,8 @@ def test_a_part_is_scored_while_the_next_one_samples(tmp_path: Path) -> None:
 
 def test_bad_overlap_groups_are_a_recipe_problem(tmp_path: Path) -> None:
     host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
-    with pytest.raises(RecipeError, match=r"run\.accelerate\.overlap_groups: must be >= 0"):
-        validate(toy_recipe(str(tmp_path / "run"), accelerate={"overlap_groups": -1}), host)
+    with pytest.raises(RecipeError, match=r"run\.speedups\.overlap_groups: must be >= 0"):
+        validate(toy_recipe(str(tmp_path / "run"), speedups={"overlap_groups": -1}), host)
     assert torch.is_grad_enabled()
 
 

@@ -38,14 +38,14 @@ advantage); a child's old log-prob depends on its noise draw and the step's std 
 the ratio stays 1 because both paths round alike (measured 3.6e-6)."""
 
 SPEEDUPS: dict[str, tuple[list[tuple[str, str]], dict[str, float]]] = {
-    "attention-math": ([("run.accelerate.attention_backend", "_native_math")], FP32_KERNEL),
-    "vae-channels-last": ([("run.accelerate.vae_channels_last", "true")], FP32_KERNEL),
-    "autocast-bf16": ([("run.accelerate.autocast", "bfloat16")], BF16_AUTOCAST),
+    "attention-math": ([("run.speedups.attention_backend", "_native_math")], FP32_KERNEL),
+    "vae-channels-last": ([("run.speedups.vae_channels_last", "true")], FP32_KERNEL),
+    "autocast-bf16": ([("run.speedups.autocast", "bfloat16")], BF16_AUTOCAST),
 }
 COMPILED = {
-    "compile-rollout": ([("run.accelerate.compile", "rollout")], FP32_KERNEL),
-    "compile-train": ([("run.accelerate.compile", "train")], FP32_KERNEL),
-    "compile-both": ([("run.accelerate.compile", "both")], FP32_KERNEL),
+    "compile-rollout": ([("run.speedups.compile", "rollout")], FP32_KERNEL),
+    "compile-train": ([("run.speedups.compile", "train")], FP32_KERNEL),
+    "compile-both": ([("run.speedups.compile", "both")], FP32_KERNEL),
 }
 
 
@@ -136,13 +136,13 @@ def _planted(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
 @pytest.mark.parametrize("recipe", [TINY_TREE, TINY_DANCE], ids=["tree", "dance"])
 def test_guard_refuses_a_planted_lossy_speedup(recipe: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _planted(monkeypatch, 1.1)
-    runner = _runner(tmp_path, recipe, [("run.accelerate.attention_backend", "_native_math")])
+    runner = _runner(tmp_path, recipe, [("run.speedups.attention_backend", "_native_math")])
     with pytest.raises(SpeedupRatioError) as info:
         runner.setup()
     check = info.value.check
     assert check.max_error > check.tolerance == 1e-3 and not check.passed
     text = str(info.value)
-    assert "run.accelerate: the speed-ups ['attention_backend=_native_math']" in text
+    assert "run.speedups: the speed-ups ['attention_backend=_native_math']" in text
     assert f"max |ratio - 1| = {check.max_error:.3g}" in text and "ratio_tolerance = 0.001" in text
 
 
@@ -152,7 +152,7 @@ def test_the_tolerance_decides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     runner = _runner(
         tmp_path,
         TINY_DANCE,
-        [("run.accelerate.attention_backend", "_native_math"), ("run.accelerate.ratio_tolerance", "0.5")],
+        [("run.speedups.attention_backend", "_native_math"), ("run.speedups.ratio_tolerance", "0.5")],
     )
     runner.setup()
     assert runner.ratio_check is not None and 1e-3 < runner.ratio_check.max_error <= 0.5
@@ -176,15 +176,15 @@ def test_a_guard_rollout_without_measurable_edges_is_refused(
     monkeypatch.setattr(DanceGRPOSampler, "rollout", unmeasurable)
     monkeypatch.chdir(ROOT)
     out = tmp_path / "run"
-    argv = ["train", "--recipe", TINY_DANCE, "--run.output_dir", str(out), "--run.accelerate.vae_channels_last", "true"]
+    argv = ["train", "--recipe", TINY_DANCE, "--run.output_dir", str(out), "--run.speedups.vae_channels_last", "true"]
     assert cli.main([*argv, "--rewards", SMOOTH_REWARD[1]]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert (
-        "run.accelerate: the ratio guard has nothing to measure: the guard's rollout of 1 group(s) has no trainable "
+        "run.speedups: the ratio guard has nothing to measure: the guard's rollout of 1 group(s) has no trainable "
         "edge with a finite log-prob (sampler 'dance': none of its 8 trainable edge(s) has a finite old log-prob for "
         "this draw), so the speed-ups ['vae_channels_last'] cannot be checked"
     ) in err
-    assert "Raise run.accelerate.guard_groups" in err and "Traceback" not in err
+    assert "Raise run.speedups.guard_groups" in err and "Traceback" not in err
     assert not (out / "metrics.jsonl").exists()
     assert issubclass(RatioGuardEmptyError, RecipeError)
 
@@ -197,14 +197,14 @@ def test_train_refuses_before_the_first_step(
     _planted(monkeypatch, 1.1)
     monkeypatch.chdir(ROOT)
     out = tmp_path / "run"
-    argv = ["train", "--recipe", TINY_DANCE, "--run.output_dir", str(out), "--run.accelerate.autocast", "bfloat16"]
+    argv = ["train", "--recipe", TINY_DANCE, "--run.output_dir", str(out), "--run.speedups.autocast", "bfloat16"]
     assert cli.main([*argv, "--rewards", SMOOTH_REWARD[1]]) == 2
-    assert "run.accelerate: the speed-ups ['autocast=bfloat16 (both)']" in capsys.readouterr().err
+    assert "run.speedups: the speed-ups ['autocast=bfloat16 (both)']" in capsys.readouterr().err
     assert not (out / "metrics.jsonl").exists()
 
 
 def test_the_measurement_is_a_metric_and_in_the_summary(tmp_path: Path) -> None:
-    runner = _runner(tmp_path, TINY_TREE, [("run.accelerate.vae_channels_last", "true"), ("run.max_steps", "1")])
+    runner = _runner(tmp_path, TINY_TREE, [("run.speedups.vae_channels_last", "true"), ("run.max_steps", "1")])
     history = runner.run()
     assert runner.ratio_check is not None
     assert history[0]["accelerate/ratio_error"] == runner.ratio_check.max_error
@@ -231,7 +231,7 @@ def _state(runner: Runner) -> dict[str, Any]:
 def test_the_guard_leaves_the_run_as_it_found_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Every RNG stream, the prompt stream, the sampler's state and the prompt cache are as without the guard, so the
     first step gives the same rewards."""
-    pairs = [("run.accelerate.autocast", "bfloat16")]
+    pairs = [("run.speedups.autocast", "bfloat16")]
     guarded = _runner(tmp_path, TINY_TREE, pairs, name="guarded")
     guarded.setup()
     assert guarded.ratio_check is not None
@@ -249,7 +249,7 @@ def test_the_guard_leaves_the_run_as_it_found_it(monkeypatch: pytest.MonkeyPatch
 def test_counted_rows_still_equal_the_closed_form(tmp_path: Path) -> None:
     """The guard's forwards happen at set-up; each step's counted transformer rows (``forward_count``, what the bench
     reads) still equal the sampler's closed-form counts with a speed-up on."""
-    runner = _runner(tmp_path, TINY_TREE, [("run.accelerate.autocast", "bfloat16")])
+    runner = _runner(tmp_path, TINY_TREE, [("run.speedups.autocast", "bfloat16")])
     runner.setup()
     r = runner.recipe
     for _ in range(2):

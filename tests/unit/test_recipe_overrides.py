@@ -80,9 +80,14 @@ CASES = [
     Case("init_args", ["--recipe", TINY, "--sampler.init_args.k", "3"], {"sampler.init_args.k": 3}),
     Case("shorthand", ["--recipe", TINY, "--sampler.k=4"], {"sampler.init_args.k": 4}),
     Case(
-        "accelerate",
-        ["--recipe", TINY, "--run.accelerate.compile", "both", "--run.accelerate.ratio_tolerance", "1e-4"],
-        {"run.accelerate.compile": "both", "run.accelerate.ratio_tolerance": 1e-4, "run.seed": 0},
+        "speedups",
+        ["--recipe", TINY, "--run.speedups.compile", "both", "--run.speedups.ratio_tolerance", "1e-4"],
+        {"run.speedups.compile": "both", "run.speedups.ratio_tolerance": 1e-4, "run.seed": 0},
+    ),
+    Case(
+        "deprecated-accelerate",  # the old name of run.speedups still works (FutureWarning)
+        ["--recipe", TINY, "--run.accelerate.compile", "both"],
+        {"run.accelerate.compile": "both", "run.seed": 0},  # validation moves it to run.speedups
     ),
     Case(
         "seed-and-dir",
@@ -285,7 +290,7 @@ def test_component_help_is_the_parsers(capsys: pytest.CaptureFixture[str]) -> No
         ("sampler.init_args.kk", "sampler.init_args.kk: unknown option; did you mean sampler.init_args.k?"),
         ("sampler.kk", "sampler.init_args.kk: unknown option; did you mean sampler.init_args.k?"),
         ("run.max_stpes", "run.max_stpes: unknown option; did you mean run.max_steps or run.max_skips?"),
-        ("run.sed", "run.sed: unknown option; did you mean run.seed?"),
+        ("run.sed", "run.sed: unknown option; did you mean run.seed or run.speedups?"),
         ("samplr.k", "--samplr.k: unknown option; did you mean 'sampler'?"),
     ],
 )

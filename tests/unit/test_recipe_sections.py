@@ -138,13 +138,13 @@ def test_every_section_given_the_wrong_shape_is_a_problem_naming_it(name, value,
 
 def test_nested_settings_and_init_args_of_the_wrong_shape_name_their_field(tmp_path):
     host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
-    cfg = toy_recipe(str(tmp_path / "r"), accelerate=5)
+    cfg = toy_recipe(str(tmp_path / "r"), speedups=5)
     cfg["sampler"] = {"class_path": "toy-chain", "init_args": [3]}
     cfg["eval"] = {"prompts": cfg["prompts"], "alarm": 5}
     with pytest.raises(RecipeError) as err:
         validate(cfg, host)
     problems = err.value.problems
-    assert any(p.startswith("run.accelerate: expected a mapping of its settings") for p in problems), problems
+    assert any(p.startswith("run.speedups: expected a mapping of its settings") for p in problems), problems
     assert any(p.startswith("sampler.init_args: expected a mapping of constructor arguments") for p in problems)
     assert "eval.alarm: expected a mapping of its settings, got a value of type int" in problems, problems
     assert "functools" not in str(err.value)
@@ -177,7 +177,7 @@ def test_a_section_given_a_scalar_in_an_overlay_is_refused(name, value, command,
     [
         (["--run", "5"], "run: expected a mapping of its settings or a settings file, got '5'"),
         (["--checkpoint", "[1, 2]"], "checkpoint: expected a mapping of its settings or a settings file"),
-        (["--run.accelerate", "5"], "run.accelerate: expected a mapping of its settings or a settings file"),
+        (["--run.speedups", "5"], "run.speedups: expected a mapping of its settings or a settings file"),
         (["--ema", "5"], "ema: expected a mapping of its settings or null, got '5'"),
         (["--eval", "5"], "--eval: set the section's fields one by one (--eval.FIELD VALUE) or in a recipe file"),
     ],
@@ -192,3 +192,15 @@ def test_a_section_given_a_scalar_on_the_command_line_is_refused(option, message
     err = " ".join(capsys.readouterr().err.split())
     assert rc == 2 and message in err, err
     assert "Traceback" not in err and not out.exists()
+
+
+def test_run_accelerate_is_a_deprecated_alias_of_run_speedups(tmp_path):
+    host = build_host(load_entrypoints=False, extra_plugins=(toy_components,))
+    cfg = toy_recipe(str(tmp_path / "r"), accelerate={"overlap_groups": 1})
+    with pytest.warns(FutureWarning, match=r"run\.accelerate is deprecated; use run\.speedups"):
+        recipe = validate(cfg, host)
+    assert recipe.run.speedups.overlap_groups == 1 and recipe.run.accelerate is None
+    assert "accelerate" not in recipe.config["run"] and recipe.config["run"]["speedups"]["overlap_groups"] == 1
+    both = toy_recipe(str(tmp_path / "r"), accelerate={"overlap_groups": 1}, speedups={"overlap_groups": 2})
+    with pytest.raises(RecipeError, match=r"run\.accelerate: the deprecated name of run\.speedups, given beside it"):
+        validate(both, host)

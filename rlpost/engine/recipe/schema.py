@@ -16,7 +16,7 @@ A recipe has these top-level keys (one :class:`Section` each)::
     lr_scheduler:    optional LR scheduler factory
     checkpoint:      {every, keep_last, at_end}                       (rlpost.engine.checkpoint.CheckpointConfig)
     eval:            {prompts|sets, rewards, judges, alarm, num_steps, ...}  (rlpost.engine.evaluation; optional)
-    logging:         {tensorboard, wandb, wandb_project, grid_every}  (rlpost.engine.logging_.LoggingConfig)
+    logging:         {report_to, project, init_kwargs, grid_every}    (rlpost.engine.logging_.LoggingConfig)
     guards:          {on_nonfinite: stop|skip, max_skipped_steps}     (rlpost.engine.guards.GuardConfig)
     ema:             {decay, update_every}                            (rlpost.engine.ema.EMAConfig; optional)
     copies:          {name: {rate, cap, delay, update_every, offload}} (rlpost.engine.weight_copies; optional)
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import types
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -96,9 +97,11 @@ class RunConfig:
             batch is filled from the next prompts, so a step's budget is unchanged; logs ``prompts/skipped``);
             null (the default) takes every prompt. See :mod:`rlpost.components.prompt_selection`.
         max_skips: With ``min_group_spread``: a low-spread prompt is skipped at most this many epochs in a row.
-        accelerate: Opt-in speed-ups (torch.compile, CUDA graphs, attention backend, channels-last VAE, autocast) and
+        speedups: Opt-in speed-ups (torch.compile, CUDA graphs, attention backend, channels-last VAE, autocast) and
             the ratio guard that refuses a run whose speed-ups change the importance ratio
             (:class:`~rlpost.models.acceleration.AccelerateConfig`, docs/speed.md).
+        accelerate: Deprecated name of ``speedups`` (it read as Hugging Face accelerate); still accepted, with a
+            ``FutureWarning``.
     """
 
     seed: int = 0
@@ -112,15 +115,29 @@ class RunConfig:
     log_every: int = 1
     min_group_spread: float | None = None
     max_skips: int = 2
-    accelerate: AccelerateConfig = field(default_factory=AccelerateConfig)
+    speedups: AccelerateConfig = field(default_factory=AccelerateConfig)
+    accelerate: AccelerateConfig | None = None
+
+    DEPRECATED: ClassVar[dict[str, str]] = {"accelerate": "speedups"}
+    """Deprecated field -> its new name; left out of the resolved recipe once folded in."""
 
     SEED_MAX: ClassVar[int] = 2**32 - 1
     """Largest seed: the RNG streams derive ``seed * 1_000_003 + offset`` seeds and numpy takes 32-bit seeds."""
+
+    def __post_init__(self) -> None:
+        """Move settings given under the deprecated ``accelerate`` to ``speedups`` (with a ``FutureWarning``)."""
+        if self.accelerate is None:
+            return
+        warnings.warn("run.accelerate is deprecated; use run.speedups", FutureWarning, stacklevel=3)
+        if self.speedups == AccelerateConfig():
+            self.speedups, self.accelerate = self.accelerate, None
 
     def problems(self) -> list[str]:
         """Range problems of these settings, each naming its field relative to the section (the recipe prefixes
         ``run.``; empty when the section is sane)."""
         problems = []
+        if self.accelerate is not None:
+            problems.append("accelerate: the deprecated name of run.speedups, given beside it; give only run.speedups")
         for name in ("max_steps", "groups_per_step", "samples_per_group", "log_every", "max_skips"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -135,7 +152,7 @@ class RunConfig:
         device = device_problem(self.device)
         if device is not None:
             problems.append(f"device: {device}")
-        return problems + self.accelerate.problems(self.device)
+        return problems + self.speedups.problems(self.device)
 
 
 def device_problem(spec: str) -> str | None:

@@ -77,7 +77,7 @@ def _bad_init_args(value: dict[Any, Any]) -> bool:
 
 def _settings_problems(where: str, settings: type, value: Any) -> list[str]:
     """A settings section (a dataclass) must be a mapping, and so must each of its fields that is itself settings
-    (``run.accelerate``)."""
+    (``run.speedups``)."""
     fields = dataclasses.fields(settings)
     if not isinstance(value, dict):
         names = ", ".join(f.name for f in fields[:4]) + (", ..." if len(fields) > 4 else "")

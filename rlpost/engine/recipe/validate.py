@@ -25,6 +25,7 @@ from rlpost.engine.recipe.shapes import section_shape_problems
 from rlpost.engine.recipe.typecheck import check_with_parser, with_defaults
 from rlpost.engine.weight_copies import copies_problems
 from rlpost.models.acceleration import acceleration_problems
+from rlpost.models.adapter_settings import peft_lora_names
 from rlpost.ops.media import media_problems
 
 __all__ = ["build_section", "validate"]
@@ -46,6 +47,10 @@ def validate(cfg: dict[str, Any], host: Registries) -> Recipe:
         RecipeError: Listing every problem found, each naming the offending field.
     """
     problems = [f"{key}: unknown top-level key{suggest(key, list(SECTION))}" for key in cfg if key not in SECTION]
+    if "model" in cfg:  # LoRA settings may use peft's names (r, lora_alpha); recipe.yaml stores rlpost's
+        model, lora_problems = peft_lora_names(cfg["model"])
+        cfg = {**cfg, "model": model}
+        problems += lora_problems
     problems += [f"{s.name}: missing (required)" for s in SECTIONS if s.required and s.name not in cfg]
     checks = _SectionChecks(cfg, host, problems)
     for section in SECTIONS:
@@ -120,7 +125,7 @@ class _SectionChecks:
         self.built[s.name] = None
         if raw is not None or not s.optional:
             built = self.built[s.name] = check_with_parser(s.name, s.type, raw or {}, self.problems)
-            self.resolved[s.name] = dataclasses.asdict(built) if built is not None else raw
+            self.resolved[s.name] = _without_folded(s.type, dataclasses.asdict(built)) if built is not None else raw
 
     def config_mapping(self, s: Section) -> None:
         """Name -> settings dataclass (the weight ``copies``), each type-checked as :meth:`config` under ``NAME.KEY``
@@ -207,6 +212,13 @@ class _Components:
         return check_with_parser(key, typ, value, problems, where=where)
 
 
+def _without_folded(cls: type, resolved: dict[str, Any]) -> dict[str, Any]:
+    """``resolved`` without the deprecated aliases (``cls.DEPRECATED``) the settings class folded into their new
+    names (they are ``None`` then), so a run's ``recipe.yaml`` uses the new names only."""
+    deprecated = getattr(cls, "DEPRECATED", {})
+    return {k: v for k, v in resolved.items() if not (k in deprecated and v is None)}
+
+
 def _range_problems(cfg: dict[str, Any], built: dict[str, Any]) -> list[str]:
     """Each config section's own ``problems()`` (prefixed with its section name) for the sections that type-checked,
     then the checks that need two sections: distributed against run and ema, and the torch optimizer's arguments."""
@@ -261,7 +273,7 @@ def capability_problems(recipe: Recipe) -> list[str]:
 def _cross_checks(recipe: Recipe, sane_run: bool = True) -> list[str]:
     problems = capability_problems(recipe)
     problems.extend(copies_problems(recipe.copies, recipe.optimizer.required_copies(), recipe.optimizer.name))
-    problems.extend(acceleration_problems(recipe.run.accelerate, recipe.model))
+    problems.extend(acceleration_problems(recipe.run.speedups, recipe.model))
     if problems or not sane_run:
         return problems  # the component checks below assume a sane run section
     components: list[Component] = [recipe.model, recipe.prompts, recipe.sampler, *recipe.rewards]

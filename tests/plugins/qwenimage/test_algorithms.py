@@ -113,7 +113,8 @@ def test_exported_qwenimage_lora_loads_and_reproduces_eval_and_sample(
     export = tmp_path / "export"
     assert cli.main(["export", "--run", str(run), "--out", str(export)]) == 0
     card = ModelCard.load(export / "README.md")
-    assert card.data.base_model == str(tiny_qwenimage_dir.resolve())  # a local base: its absolute path
+    # A local base is no Hub id: left out of the metadata (which the Hub links), named in the usage snippet.
+    assert card.data.base_model is None and f'from_pretrained("{tiny_qwenimage_dir.resolve()}")' in card.text
     assert card.data.pipeline_tag == "text-to-image" and "lora" in card.data.tags
     assert "DiffusionPipeline.from_pretrained" in card.text and "load_lora_weights" in card.text
     # Follow the card: DiffusionPipeline resolves QwenImagePipeline from model_index.json.

@@ -1,6 +1,6 @@
 """rlpost.components.chain: the chain samplers' ``rollout_groups`` runs every group in one batch (one transformer call
 per step instead of one per group and step) and draws what one rollout per group draws (the distributed path and
-``run.accelerate.overlap_groups`` use it)."""
+``run.speedups.overlap_groups`` use it)."""
 
 from __future__ import annotations
 

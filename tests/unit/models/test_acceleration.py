@@ -1,4 +1,4 @@
-"""``run.accelerate`` on the model side (rlpost/models/acceleration.py): settings checks naming their fields, which path
+"""``run.speedups`` on the model side (rlpost/models/acceleration.py): settings checks naming their fields, which path
 each call takes, where each speed-up hooks into a diffusers policy, and that LoRA survives in-place compilation.
 
 Equality of whole rollouts with and without each speed-up, and the ratio guard, are tests/unit/test_ratio_guard.py.
@@ -63,9 +63,9 @@ def test_overlap_is_labelled_for_reports_but_does_not_wake_the_guard() -> None:
 
 def test_gpu_only_speedups_are_refused_on_a_cpu_naming_the_field() -> None:
     problems = AccelerateConfig(compile="both", cuda_graphs=True, attention_backend="flash").problems("cpu")
-    assert any(p.startswith("accelerate.cuda_graphs: CUDA graphs need a CUDA device") for p in problems), problems
-    assert any(p.startswith("accelerate.attention_backend: 'flash' needs a GPU") for p in problems), problems
-    assert AccelerateConfig(cuda_graphs=True).problems("cuda")[0].startswith("accelerate.cuda_graphs: CUDA graphs are")
+    assert any(p.startswith("speedups.cuda_graphs: CUDA graphs need a CUDA device") for p in problems), problems
+    assert any(p.startswith("speedups.attention_backend: 'flash' needs a GPU") for p in problems), problems
+    assert AccelerateConfig(cuda_graphs=True).problems("cuda")[0].startswith("speedups.cuda_graphs: CUDA graphs are")
     for name in ("native", "_native_math", "_native_flash"):
         assert AccelerateConfig(attention_backend=name).problems("cpu") == [], name
 
@@ -73,14 +73,14 @@ def test_gpu_only_speedups_are_refused_on_a_cpu_naming_the_field() -> None:
 @pytest.mark.parametrize(
     ("settings", "field"),
     [
-        (AccelerateConfig(attention_backend="flashy"), "accelerate.attention_backend: unknown backend 'flashy'"),
-        (AccelerateConfig(attention_backend="flash_hub"), "accelerate.attention_backend: 'flash_hub' downloads"),
-        (AccelerateConfig(autocast="float16"), "accelerate.autocast: float16 in the training path"),
-        (AccelerateConfig(ratio_tolerance=0.0), "accelerate.ratio_tolerance: must be a positive"),
-        (AccelerateConfig(ratio_tolerance=float("nan")), "accelerate.ratio_tolerance: must be a positive"),
-        (AccelerateConfig(loss_tolerance=-1e-3), "accelerate.loss_tolerance: must be a positive"),
-        (AccelerateConfig(loss_tolerance=float("inf")), "accelerate.loss_tolerance: must be a positive"),
-        (AccelerateConfig(guard_groups=0), "accelerate.guard_groups: must be >= 1"),
+        (AccelerateConfig(attention_backend="flashy"), "speedups.attention_backend: unknown backend 'flashy'"),
+        (AccelerateConfig(attention_backend="flash_hub"), "speedups.attention_backend: 'flash_hub' downloads"),
+        (AccelerateConfig(autocast="float16"), "speedups.autocast: float16 in the training path"),
+        (AccelerateConfig(ratio_tolerance=0.0), "speedups.ratio_tolerance: must be a positive"),
+        (AccelerateConfig(ratio_tolerance=float("nan")), "speedups.ratio_tolerance: must be a positive"),
+        (AccelerateConfig(loss_tolerance=-1e-3), "speedups.loss_tolerance: must be a positive"),
+        (AccelerateConfig(loss_tolerance=float("inf")), "speedups.loss_tolerance: must be a positive"),
+        (AccelerateConfig(guard_groups=0), "speedups.guard_groups: must be >= 1"),
     ],
 )
 def test_bad_settings_name_their_field(settings: AccelerateConfig, field: str) -> None:
@@ -99,12 +99,12 @@ def test_every_diffusers_backend_name_is_known() -> None:
 
 def test_recipe_validation_reports_accelerate_problems_under_run() -> None:
     host = build_host()
-    pairs = [("run.accelerate.cuda_graphs", "true"), ("run.accelerate.autocast", "float16")]
+    pairs = [("run.speedups.cuda_graphs", "true"), ("run.speedups.autocast", "float16")]
     with pytest.raises(RecipeError) as info:
         validate(parse_recipe([TINY_TREE], pairs, host), host)
     text = str(info.value)
-    assert "run.accelerate.cuda_graphs: CUDA graphs are captured by torch.compile" in text
-    assert "run.accelerate.autocast: float16 in the training path" in text
+    assert "run.speedups.cuda_graphs: CUDA graphs are captured by torch.compile" in text
+    assert "run.speedups.autocast: float16 in the training path" in text
 
 
 def test_a_model_without_speedups_is_refused() -> None:
@@ -113,7 +113,7 @@ def test_a_model_without_speedups_is_refused() -> None:
     settings = AccelerateConfig(compile="rollout")
     assert not isinstance(ToyPolicy(), Accelerable)
     (problem,) = acceleration_problems(settings, ToyPolicy())
-    assert problem.startswith("run.accelerate: model 'toy-policy' (ToyPolicy) does not support speed-ups")
+    assert problem.startswith("run.speedups: model 'toy-policy' (ToyPolicy) does not support speed-ups")
     assert acceleration_problems(AccelerateConfig(), ToyPolicy()) == []  # nothing on: nothing to apply
     with pytest.raises(ValueError, match="does not support speed-ups"):
         apply_acceleration(ToyPolicy(), settings)
@@ -254,7 +254,7 @@ def test_sd3_maps_native_backends_onto_torch_sdpa_and_refuses_others(make_sd3_po
     assert policy._speedups is not None and policy._speedups._sdpa == [SDPBackend.MATH]
     with torch.no_grad():
         assert_fp32_close(policy.velocity(x, sigma, cond), plain, atol=KERNEL_ATOL)
-    with pytest.raises(ValueError, match=r"run\.accelerate\.attention_backend: 'flash' needs attention processors"):
+    with pytest.raises(ValueError, match=r"run\.speedups\.attention_backend: 'flash' needs attention processors"):
         make_sd3_policy().accelerate(AccelerateConfig(attention_backend="flash"))
 
 

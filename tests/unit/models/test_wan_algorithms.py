@@ -160,7 +160,7 @@ def test_frame_reductions_rescore_a_wan_rollout_as_documented(tiny_wan_dir: Path
 @pytest.fixture(scope="module")
 def wan_lora_run(tmp_path_factory: pytest.TempPathFactory, tiny_wan_dir: Path) -> Iterator[Path]:
     """The tiny TreeGRPO Wan recipe, trained two steps through ``rlpost train`` with CFG on and a learning rate large
-    enough that the LoRA visibly changes the held-out videos."""
+    enough that the LoRA visibly changes the held-out videos, logging to TensorBoard with a sample grid every step."""
     from rlpost.apps.host import reset_host
 
     out = tmp_path_factory.mktemp("wan-export") / "run"
@@ -170,7 +170,7 @@ def wan_lora_run(tmp_path_factory: pytest.TempPathFactory, tiny_wan_dir: Path) -
             [
                 "train", "--recipe", str(ROOT / TREE), "--model.pretrained", str(tiny_wan_dir),
                 "--model.guidance_scale", "5.0", "--torch_optimizer.init_args.lr", "0.05",
-                "--run.output_dir", str(out),
+                "--run.output_dir", str(out), "--logging.report_to", "[tensorboard]", "--logging.grid_every", "1",
             ]
         )  # fmt: skip
     finally:
@@ -216,6 +216,26 @@ def test_eval_writes_stacked_pngs_and_gifs_scored_per_frame(wan_lora_run: Path) 
     assert any(float(np.abs(a[1:].astype(int) - a[:1]).max()) > 0 for a in _eval_videos(wan_lora_run, 0))
 
 
+def test_tensorboard_receives_the_samples_as_video(wan_lora_run: Path) -> None:
+    """TensorBoard gets each step's samples and each evaluation's set as video (an animated GIF of every frame, the
+    summary SummaryWriter.add_video writes), the bytes of the GIF grid written beside the PNG grid."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(wan_lora_run / "tensorboard"), size_guidance={"images": 0})
+    acc.Reload()
+    for tag, steps, folder in (("samples/video", [1, 2], "grids"), ("eval/video", [0, 2], "eval")):
+        events = acc.Images(tag)
+        assert [e.step for e in events] == steps, tag
+        for event in events:
+            on_disk = wan_lora_run / folder / f"step_{event.step:06d}.gif"
+            assert event.encoded_image_string == on_disk.read_bytes()
+            frames = _gif_frames(on_disk)
+            assert frames.shape[0] == WAN_FRAMES and (event.height, event.width) == frames.shape[1:3]
+            assert np.abs(frames[1:].astype(int) - frames[:1]).max() > 0  # it moves: a video, not a still
+    assert [e.step for e in acc.Images("samples/grid")] == [1, 2]  # the frame-strip PNG grid as before
+
+
 def test_report_shows_frame_strips_and_before_after_gifs(wan_lora_run: Path) -> None:
     """report/before_after.png's tiles are the held-out videos' frame strips (4 evenly spaced frames side by side),
     and report/before_after/*.gif plays each prompt's first-evaluation clip left of its last-evaluation clip."""
@@ -253,9 +273,13 @@ def test_exported_wan_lora_loads_and_reproduces_eval_and_sample(
     assert cli.main(["export", "--run", str(run), "--out", str(tmp_path / "export")]) == 0
     card = ModelCard.load(tmp_path / "export" / "README.md")
     assert card.data.pipeline_tag == "text-to-video"
-    assert card.data.base_model == str(tiny_wan_dir.resolve()) and card.data.base_model_relation == "adapter"
+    # A local base is no Hub id: left out of the metadata, named in the usage snippet.
+    assert card.data.base_model is None and f'from_pretrained("{tiny_wan_dir.resolve()}")' in card.text
     assert {"text-to-video", "lora", "wan"} <= set(card.data.tags)
     assert "DiffusionPipeline.from_pretrained" in card.text and "load_lora_weights" in card.text
+    # The snippet samples with the run's evaluation settings: the call this test makes below.
+    settings = f"num_inference_steps={EVAL_STEPS}, guidance_scale=5.0, height={WAN_HEIGHT}, width={WAN_WIDTH}"
+    assert f"frames = pipe(prompt, {settings}, num_frames={WAN_FRAMES}" in card.text
     # Follow the card: DiffusionPipeline resolves WanPipeline from model_index.json.
     pipe = DiffusionPipeline.from_pretrained(str(tiny_wan_dir), torch_dtype=torch.float32)
     assert isinstance(pipe, WanPipeline)
