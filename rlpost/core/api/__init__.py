@@ -21,6 +21,7 @@ from rlpost.core.api.arguments import InvalidArguments, Range
 from rlpost.core.api.capabilities import CHAINS, CLEAN_SAMPLES, EDGE_LOG_PROBS, TREE, missing_capabilities
 from rlpost.core.api.component import Component
 from rlpost.core.api.copies import LIVE, REFERENCE, WeightCopies
+from rlpost.core.api.hub import GATED_HINT, HubFiles
 from rlpost.core.api.policy import Conditioning, Policy, resolve_guidance
 from rlpost.core.api.prompts import PromptSource
 from rlpost.core.api.reward import MediaScope, RewardSource
@@ -46,6 +47,8 @@ __all__ = [
     "Component",
     "Conditioning",
     "EdgeEval",
+    "GATED_HINT",
+    "HubFiles",
     "InvalidArguments",
     "MediaScope",
     "Policy",
