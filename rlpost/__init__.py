@@ -41,6 +41,7 @@ from rlpost.core.api import (
     Component,
     Conditioning,
     EdgeEval,
+    HubFiles,
     InvalidArguments,
     Policy,
     PolicyOptimizer,
@@ -60,6 +61,7 @@ from rlpost.core.context import RecipeView, RunContext, RunSettings, RunStatus
 from rlpost.core.contract import PromptBatch, RewardScores, Rollout, Stash, StashKey
 from rlpost.core.hookspecs import hookimpl
 from rlpost.core.registry import Registry
+from rlpost.core.shipped import shipped_asset
 from rlpost.engine.lr_schedule import RunLengthLR
 from rlpost.ops.dpm_solver import dpm_solver_pp2_step
 from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, make_kernel
@@ -146,6 +148,7 @@ __all__ = [
     "DiffusersTransformerPolicy",
     "EdgeEval",
     "EulerODE",
+    "HubFiles",
     "FluxPolicy",
     "InvalidArguments",
     "LogProbReduction",
@@ -209,6 +212,7 @@ __all__ = [
     "rollout_chains",
     "run_chains",
     "sd3_tokenizers",
+    "shipped_asset",
     "shared_or_independent_noise",
     "shifted_linspace_sigmas",
     "shifted_tail_sigmas",

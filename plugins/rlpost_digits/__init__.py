@@ -7,14 +7,12 @@ Registering costs nothing: the hooks import their modules lazily, and weights lo
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from rlpost import PromptSource, Registry, RewardSource, hookimpl
+from rlpost import PromptSource, Registry, RewardSource, hookimpl, shipped_asset
 
 __all__ = ["DIGITS_SD3_DIR", "rlpost_register_prompt_sources", "rlpost_register_reward_sources"]
 
-DIGITS_SD3_DIR = Path(__file__).resolve().parents[2] / "assets" / "digits-sd3"
-"""The shipped digits pipeline (``assets/digits-sd3`` at the repository root)."""
+DIGITS_SD3_DIR = shipped_asset("digits-sd3")
+"""The shipped digits pipeline (``assets/digits-sd3`` shipped with the package: ``rlpost.shipped_asset``)."""
 
 
 @hookimpl

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlpost import shipped_asset
 from rlpost_digits.data import digits_to_uint8_rgb, images_to_classifier_input, load_split
 
 __all__ = [
@@ -32,8 +33,8 @@ __all__ = [
     "train_classifier",
 ]
 
-DEFAULT_CLASSIFIER_DIR = Path(__file__).resolve().parents[2] / "assets" / "digits-classifier"
-"""The shipped classifier (``assets/digits-classifier`` at the repository root)."""
+DEFAULT_CLASSIFIER_DIR = shipped_asset("digits-classifier")
+"""The shipped classifier (``assets/digits-classifier`` shipped with the package: ``rlpost.shipped_asset``)."""
 _WEIGHTS = "model.safetensors"
 _CONFIG = "config.json"
 

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlpost import shipped_asset
 from rlpost_digits.data import RESOLUTION, digits_to_uint8_rgb, load_split
 
 __all__ = [
@@ -48,8 +49,8 @@ __all__ = [
     "train_judge",
 ]
 
-DEFAULT_JUDGE_DIR = Path(__file__).resolve().parents[2] / "assets" / "digits-judge"
-"""The shipped judge (``assets/digits-judge`` at the repository root)."""
+DEFAULT_JUDGE_DIR = shipped_asset("digits-judge")
+"""The shipped judge (``assets/digits-judge`` shipped with the package: ``rlpost.shipped_asset``)."""
 _WEIGHTS = "model.safetensors"
 _CONFIG = "config.json"
 MAX_SHIFT = 2

@@ -1,6 +1,8 @@
-"""Checkpoint resolution for the built-in reward sources: explicit path, else ``$RLPOST_MODELS/<default name>``.
+"""Checkpoint resolution for the built-in reward sources: explicit path, else ``$RLPOST_MODELS/<default name>``, else
+the Hugging Face cache (the file's Hub source, where ``rlpost download --recipe R`` puts it).
 
-rlpost never downloads reward weights (offline, a hub lookup can hang for minutes or return a broken tokenizer).
+Rewards never download weights while training (offline, a hub lookup can hang for minutes or return a broken
+tokenizer): ``rlpost download`` fetches them beforehand, each reward declaring its sources in ``hub_files()``.
 A missing file raises :class:`CheckpointNotFoundError` naming the file, every place it
 was looked for, and where to obtain it.
 """
@@ -12,7 +14,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["ENV_VAR", "CheckpointNotFoundError", "PathSpec", "path_problems", "resolve_path"]
+from rlpost import HubFiles
+
+__all__ = [
+    "ENV_VAR",
+    "CheckpointNotFoundError",
+    "HubSource",
+    "PathSpec",
+    "hub_files_of",
+    "path_problems",
+    "resolve_path",
+]
 
 ENV_VAR = "RLPOST_MODELS"
 """Environment variable naming a directory that holds reward checkpoints under their default names."""
@@ -20,6 +32,14 @@ ENV_VAR = "RLPOST_MODELS"
 
 class CheckpointNotFoundError(FileNotFoundError):
     """A reward checkpoint (file or directory) could not be found locally."""
+
+
+class HubSource(NamedTuple):
+    """Where a checkpoint comes from on the Hub: the repository files to fetch, and the checkpoint's path inside the
+    repository (``None``: the snapshot folder itself, for a model or tokenizer directory)."""
+
+    files: HubFiles
+    file: str | None = None
 
 
 def resolve_path(
@@ -30,6 +50,7 @@ def resolve_path(
     what: str,
     obtain: str,
     is_dir: bool = False,
+    hub: HubSource | None = None,
 ) -> Path:
     """Find a local checkpoint file or directory.
 
@@ -40,6 +61,8 @@ def resolve_path(
         what: What the path holds, e.g. ``"HPS-v2.1 checkpoint"``.
         obtain: Where the user can get it (repository and file name).
         is_dir: Whether a directory rather than a file is expected.
+        hub: The checkpoint's Hub source, looked up in the Hugging Face cache when ``explicit`` is ``None`` and
+            ``$RLPOST_MODELS`` does not hold it (a file-system lookup; nothing is downloaded).
 
     Returns:
         The existing path.
@@ -62,10 +85,18 @@ def resolve_path(
             looked.append(f"no constructor argument given and ${ENV_VAR} is not set")
     if candidate is not None and (candidate.is_dir() if is_dir else candidate.is_file()):
         return candidate
+    fetch = ""
+    if explicit is None and hub is not None:
+        cached = hub.files.local_path(hub.file)
+        if cached is not None and (cached.is_dir() if is_dir else cached.is_file()):
+            return cached
+        looked.append(f"the Hugging Face cache ({hub.files.repo_id})")
+        fetch = f"Download it with `{hub.files.command()}` (`rlpost download --recipe RECIPE` fetches every file of a "
+        fetch += "recipe), or obtain it from "
     raise CheckpointNotFoundError(
         f"{reward}: {what} {kind} {default_name!r} not found. Looked at: {'; '.join(looked)}. "
-        f"Obtain it from {obtain}, then pass its path to the reward's constructor or place it at "
-        f"${ENV_VAR}/{default_name}. rlpost never downloads reward weights."
+        f"{fetch or 'Obtain it from '}{obtain}, then pass its path to the reward's constructor or place it at "
+        f"${ENV_VAR}/{default_name}. Rewards never download weights while training."
     )
 
 
@@ -78,6 +109,7 @@ class PathSpec(NamedTuple):
     what: str
     obtain: str
     is_dir: bool = False
+    hub: HubSource | None = None
 
 
 def path_problems(reward: Any, recipe: Any, specs: Sequence[PathSpec]) -> list[str]:
@@ -93,8 +125,18 @@ def path_problems(reward: Any, recipe: Any, specs: Sequence[PathSpec]) -> list[s
         try:
             resolve_path(
                 spec.explicit, spec.default_name, reward=reward.name, what=spec.what, obtain=spec.obtain,
-                is_dir=spec.is_dir,
+                is_dir=spec.is_dir, hub=spec.hub,
             )  # fmt: skip
         except CheckpointNotFoundError as e:
             problems.append(f"{where}.init_args.{spec.argument}: {e}")
     return problems
+
+
+def hub_files_of(specs: Sequence[PathSpec]) -> list[HubFiles]:
+    """The Hub files of the checkpoints in ``specs`` that the recipe does not give by path (a reward's
+    ``hub_files()``), each repository once."""
+    found: dict[HubFiles, None] = {}
+    for spec in specs:
+        if spec.explicit is None and spec.hub is not None:
+            found[spec.hub.files] = None
+    return list(found)

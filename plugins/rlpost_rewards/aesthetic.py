@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlpost import RewardSource
+from rlpost import HubFiles, RewardSource
 
 from ._common import DTypeName, check_images, check_scores, load_state_dict_file, to_dtype
 from ._hfclip import HFClip
-from ._paths import PathSpec, path_problems, resolve_path
+from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_path
 
 __all__ = ["AestheticMLP", "AestheticReward", "load_aesthetic_head"]
 
@@ -26,6 +26,15 @@ OBTAIN_CLIP = "https://huggingface.co/openai/clip-vit-large-patch14 (the whole r
 OBTAIN_HEAD = (
     "https://github.com/christophschuhmann/improved-aesthetic-predictor (file sac+logos+ava1-l14-linearMSE.pth; "
     "also bundled in ddpo-pytorch and flow_grpo `assets/`)"
+)
+HUB_CLIP = HubSource(
+    HubFiles("openai/clip-vit-large-patch14", ("*.json", "*.txt", "model.safetensors"), purpose="CLIP ViT-L/14")
+)
+# The same head on the Hub: TRL's DDPO aesthetic scorer loads this file into the same MLP (layers.0 ... layers.7;
+# huggingface/trl trl/models/auxiliary_modules.py, aesthetic_scorer), under another name.
+HUB_HEAD = HubSource(
+    HubFiles("trl-lib/ddpo-aesthetic-predictor", ("aesthetic-model.pth",), purpose="aesthetic head"),
+    "aesthetic-model.pth",
 )
 
 
@@ -85,16 +94,19 @@ class AestheticReward(RewardSource):
         self._clip: HFClip | None = None
         self._head: AestheticMLP | None = None
 
+    def _specs(self) -> list[PathSpec]:
+        return [
+            PathSpec("clip_dir", self.clip_dir, DEFAULT_CLIP_DIR, "CLIP ViT-L/14", OBTAIN_CLIP, True, HUB_CLIP),
+            PathSpec("head", self.head, DEFAULT_HEAD, "aesthetic head", OBTAIN_HEAD, hub=HUB_HEAD),
+        ]
+
     def validate(self, recipe: Any) -> list[str]:
         """CLIP and the head must be installed (file checks; nothing loads)."""
-        return path_problems(
-            self,
-            recipe,
-            [
-                PathSpec("clip_dir", self.clip_dir, DEFAULT_CLIP_DIR, "CLIP ViT-L/14", OBTAIN_CLIP, True),
-                PathSpec("head", self.head, DEFAULT_HEAD, "aesthetic head", OBTAIN_HEAD),
-            ],
-        )
+        return path_problems(self, recipe, self._specs())
+
+    def hub_files(self) -> list[HubFiles]:
+        """CLIP ViT-L/14 and the head, unless given by path."""
+        return hub_files_of(self._specs())
 
     def setup(self, device: torch.device) -> None:
         """Load CLIP and the head onto ``device`` (once)."""
@@ -102,9 +114,17 @@ class AestheticReward(RewardSource):
             return
         device = torch.device(device)
         clip_path = resolve_path(
-            self.clip_dir, DEFAULT_CLIP_DIR, reward=self.name, what="CLIP ViT-L/14", obtain=OBTAIN_CLIP, is_dir=True
+            self.clip_dir,
+            DEFAULT_CLIP_DIR,
+            reward=self.name,
+            what="CLIP ViT-L/14",
+            obtain=OBTAIN_CLIP,
+            is_dir=True,
+            hub=HUB_CLIP,
         )
-        head_path = resolve_path(self.head, DEFAULT_HEAD, reward=self.name, what="aesthetic head", obtain=OBTAIN_HEAD)
+        head_path = resolve_path(
+            self.head, DEFAULT_HEAD, reward=self.name, what="aesthetic head", obtain=OBTAIN_HEAD, hub=HUB_HEAD
+        )
         head = load_aesthetic_head(head_path).to(device)
         clip = HFClip.load(self.name, clip_path, device, self.dtype)
         clip_model: Any = clip.model

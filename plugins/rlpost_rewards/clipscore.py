@@ -13,11 +13,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlpost import RewardSource
+from rlpost import HubFiles, RewardSource
 
 from ._common import DTypeName, check_images, check_scores, to_dtype
 from ._openclip import OpenClipScorer
-from ._paths import PathSpec, path_problems, resolve_path
+from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_path
 
 __all__ = ["CLIPScoreReward"]
 
@@ -25,6 +25,10 @@ DEFAULT_FILE = "DFN5B-CLIP-ViT-H-14-384/open_clip_pytorch_model.bin"
 OBTAIN = (
     "https://huggingface.co/apple/DFN5B-CLIP-ViT-H-14-384 (file open_clip_pytorch_model.bin), or any open_clip "
     "weights file matching `model_name`"
+)
+HUB = HubSource(
+    HubFiles("apple/DFN5B-CLIP-ViT-H-14-384", ("open_clip_pytorch_model.bin",), purpose="CLIPScore open_clip weights"),
+    "open_clip_pytorch_model.bin",
 )
 
 
@@ -56,14 +60,22 @@ class CLIPScoreReward(RewardSource):
 
     def validate(self, recipe: Any) -> list[str]:
         """The weights must be installed (a file check; nothing loads)."""
-        spec = PathSpec("pretrained", self.pretrained, DEFAULT_FILE, "open_clip weights", OBTAIN)
-        return path_problems(self, recipe, [spec])
+        return path_problems(self, recipe, self._specs())
+
+    def _specs(self) -> list[PathSpec]:
+        return [PathSpec("pretrained", self.pretrained, DEFAULT_FILE, "open_clip weights", OBTAIN, hub=HUB)]
+
+    def hub_files(self) -> list[HubFiles]:
+        """The open_clip weights, unless given by path."""
+        return hub_files_of(self._specs())
 
     def setup(self, device: torch.device) -> None:
         """Create the open_clip model from the local weights on ``device`` (once)."""
         if self._scorer is not None:
             return
-        path = resolve_path(self.pretrained, DEFAULT_FILE, reward=self.name, what="open_clip weights", obtain=OBTAIN)
+        path = resolve_path(
+            self.pretrained, DEFAULT_FILE, reward=self.name, what="open_clip weights", obtain=OBTAIN, hub=HUB
+        )
         self._scorer = OpenClipScorer.build(
             self.name, self.model_name, torch.device(device), self.dtype, pretrained=str(path)
         )

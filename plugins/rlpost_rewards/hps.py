@@ -19,16 +19,17 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlpost import RewardSource
+from rlpost import HubFiles, RewardSource
 
 from ._common import DTypeName, check_images, check_scores, load_state_dict_file, to_dtype
 from ._openclip import OpenClipScorer
-from ._paths import PathSpec, path_problems, resolve_path
+from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_path
 
 __all__ = ["HPSv2Reward", "load_hps_state_dict"]
 
 DEFAULT_FILE = "HPS_v2.1_compressed.pt"
 OBTAIN = "https://huggingface.co/xswu/HPSv2 (file HPS_v2.1_compressed.pt; v2.0 is HPS_v2_compressed.pt)"
+HUB = HubSource(HubFiles("xswu/HPSv2", (DEFAULT_FILE,), purpose="HPS-v2.1 checkpoint"), DEFAULT_FILE)
 
 
 def load_hps_state_dict(path: str | os.PathLike[str]) -> dict[str, Tensor]:
@@ -60,14 +61,22 @@ class HPSv2Reward(RewardSource):
 
     def validate(self, recipe: Any) -> list[str]:
         """The checkpoint must be installed (a file check; nothing loads)."""
-        spec = PathSpec("checkpoint", self.checkpoint, DEFAULT_FILE, "HPS-v2.1 checkpoint", OBTAIN)
-        return path_problems(self, recipe, [spec])
+        return path_problems(self, recipe, self._specs())
+
+    def _specs(self) -> list[PathSpec]:
+        return [PathSpec("checkpoint", self.checkpoint, DEFAULT_FILE, "HPS-v2.1 checkpoint", OBTAIN, hub=HUB)]
+
+    def hub_files(self) -> list[HubFiles]:
+        """The HPS-v2.1 checkpoint, unless given by path."""
+        return hub_files_of(self._specs())
 
     def setup(self, device: torch.device) -> None:
         """Load the checkpoint into open_clip ``model_name`` on ``device`` (once; later calls are no-ops)."""
         if self._scorer is not None:
             return
-        path = resolve_path(self.checkpoint, DEFAULT_FILE, reward=self.name, what="HPS-v2.1 checkpoint", obtain=OBTAIN)
+        path = resolve_path(
+            self.checkpoint, DEFAULT_FILE, reward=self.name, what="HPS-v2.1 checkpoint", obtain=OBTAIN, hub=HUB
+        )
         state = load_hps_state_dict(path)
         device = torch.device(device)
         self._scorer = OpenClipScorer.build(

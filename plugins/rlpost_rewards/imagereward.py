@@ -40,10 +40,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlpost import RewardSource
+from rlpost import HubFiles, RewardSource
 
 from ._common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, DTypeName, check_images, check_scores, clip_preprocess, to_dtype
-from ._paths import PathSpec, path_problems, resolve_path
+from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_path
 
 __all__ = [
     "UNUSED_UPSTREAM_KEYS",
@@ -61,6 +61,12 @@ DEFAULT_MED_CONFIG = "ImageReward/med_config.json"
 DEFAULT_TOKENIZER_DIR = "bert-base-uncased"
 OBTAIN = "https://huggingface.co/THUDM/ImageReward (files ImageReward.pt and med_config.json)"
 OBTAIN_TOKENIZER = "https://huggingface.co/google-bert/bert-base-uncased (vocab.txt, tokenizer_config.json)"
+_HUB_FILES = HubFiles("THUDM/ImageReward", ("ImageReward.pt", "med_config.json"), purpose="ImageReward checkpoint")
+HUB_CHECKPOINT = HubSource(_HUB_FILES, "ImageReward.pt")
+HUB_MED_CONFIG = HubSource(_HUB_FILES, "med_config.json")
+HUB_TOKENIZER = HubSource(
+    HubFiles("google-bert/bert-base-uncased", ("vocab.txt", "tokenizer_config.json"), purpose="BERT tokenizer")
+)
 
 # ImageReward.py (ImageReward.__init__): reward standardisation constants of the released model.
 REWARD_MEAN = 0.16717362830052426
@@ -328,24 +334,37 @@ class ImageRewardReward(RewardSource):
 
     def validate(self, recipe: Any) -> list[str]:
         """The checkpoint, its config and the tokenizer must be installed (file checks; nothing loads)."""
-        return path_problems(
-            self,
-            recipe,
-            [
-                PathSpec("checkpoint", self.checkpoint, DEFAULT_CHECKPOINT, "checkpoint", OBTAIN),
-                PathSpec("med_config", self.med_config, DEFAULT_MED_CONFIG, "med config", OBTAIN),
-                PathSpec(
-                    "tokenizer_dir", self.tokenizer_dir, DEFAULT_TOKENIZER_DIR, "BERT tokenizer", OBTAIN_TOKENIZER, True
-                ),
-            ],
-        )
+        return path_problems(self, recipe, self._specs())
+
+    def _specs(self) -> list[PathSpec]:
+        return [
+            PathSpec("checkpoint", self.checkpoint, DEFAULT_CHECKPOINT, "checkpoint", OBTAIN, hub=HUB_CHECKPOINT),
+            PathSpec("med_config", self.med_config, DEFAULT_MED_CONFIG, "med config", OBTAIN, hub=HUB_MED_CONFIG),
+            PathSpec(
+                "tokenizer_dir",
+                self.tokenizer_dir,
+                DEFAULT_TOKENIZER_DIR,
+                "BERT tokenizer",
+                OBTAIN_TOKENIZER,
+                True,
+                HUB_TOKENIZER,
+            ),
+        ]
+
+    def hub_files(self) -> list[HubFiles]:
+        """The checkpoint with its config and the BERT tokenizer, unless given by path."""
+        return hub_files_of(self._specs())
 
     def setup(self, device: torch.device) -> None:
         """Load the checkpoint and tokenizer from local files onto ``device`` (once)."""
         if self._model is not None:
             return
-        ckpt = resolve_path(self.checkpoint, DEFAULT_CHECKPOINT, reward=self.name, what="checkpoint", obtain=OBTAIN)
-        med = resolve_path(self.med_config, DEFAULT_MED_CONFIG, reward=self.name, what="med config", obtain=OBTAIN)
+        ckpt = resolve_path(
+            self.checkpoint, DEFAULT_CHECKPOINT, reward=self.name, what="checkpoint", obtain=OBTAIN, hub=HUB_CHECKPOINT
+        )
+        med = resolve_path(
+            self.med_config, DEFAULT_MED_CONFIG, reward=self.name, what="med config", obtain=OBTAIN, hub=HUB_MED_CONFIG
+        )
         tok = resolve_path(
             self.tokenizer_dir,
             DEFAULT_TOKENIZER_DIR,
@@ -353,6 +372,7 @@ class ImageRewardReward(RewardSource):
             what="BERT tokenizer",
             obtain=OBTAIN_TOKENIZER,
             is_dir=True,
+            hub=HUB_TOKENIZER,
         )
         model, cfg = load_imagereward(ckpt, med)
         self._tokenizer = load_blip_tokenizer(tok, int(cfg["vocab_size"]))

@@ -13,11 +13,11 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from rlpost import InvalidArguments, RewardSource
+from rlpost import HubFiles, InvalidArguments, RewardSource
 
 from ._common import DTypeName, check_images, check_scores, to_dtype
 from ._hfclip import HFClip
-from ._paths import PathSpec, path_problems, resolve_path
+from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_path
 
 __all__ = ["PickScoreReward"]
 
@@ -27,6 +27,10 @@ OBTAIN_MODEL = "https://huggingface.co/yuvalkirstain/PickScore_v1 (repository sn
 OBTAIN_TOKENIZER = (
     "https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K (tokenizer.json or vocab.json + merges.txt, "
     "tokenizer_config.json, special_tokens_map.json, preprocessor_config.json)"
+)
+HUB_MODEL = HubSource(HubFiles("yuvalkirstain/PickScore_v1", purpose="PickScore model"))
+HUB_TOKENIZER = HubSource(
+    HubFiles("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ("*.json", "*.txt"), purpose="CLIP-H tokenizer")
 )
 
 
@@ -65,21 +69,25 @@ class PickScoreReward(RewardSource):
 
     def validate(self, recipe: Any) -> list[str]:
         """The model and tokenizer directories must be installed (directory checks; nothing loads)."""
-        return path_problems(
-            self,
-            recipe,
-            [
-                PathSpec("model_dir", self.model_dir, DEFAULT_MODEL_DIR, "PickScore model", OBTAIN_MODEL, True),
-                PathSpec(
-                    "tokenizer_dir",
-                    self.tokenizer_dir,
-                    DEFAULT_TOKENIZER_DIR,
-                    "CLIP-H tokenizer",
-                    OBTAIN_TOKENIZER,
-                    True,
-                ),
-            ],
-        )
+        return path_problems(self, recipe, self._specs())
+
+    def _specs(self) -> list[PathSpec]:
+        return [
+            PathSpec("model_dir", self.model_dir, DEFAULT_MODEL_DIR, "PickScore model", OBTAIN_MODEL, True, HUB_MODEL),
+            PathSpec(
+                "tokenizer_dir",
+                self.tokenizer_dir,
+                DEFAULT_TOKENIZER_DIR,
+                "CLIP-H tokenizer",
+                OBTAIN_TOKENIZER,
+                True,
+                HUB_TOKENIZER,
+            ),
+        ]
+
+    def hub_files(self) -> list[HubFiles]:
+        """The PickScore model and the CLIP-H tokenizer, unless given by path."""
+        return hub_files_of(self._specs())
 
     def setup(self, device: torch.device) -> None:
         """Load the model and tokenizer from local directories onto ``device`` (once)."""
@@ -94,6 +102,7 @@ class PickScoreReward(RewardSource):
             what="PickScore model",
             obtain=OBTAIN_MODEL,
             is_dir=True,
+            hub=HUB_MODEL,
         )
         tok_path = resolve_path(
             self.tokenizer_dir,
@@ -102,6 +111,7 @@ class PickScoreReward(RewardSource):
             what="CLIP-H tokenizer",
             obtain=OBTAIN_TOKENIZER,
             is_dir=True,
+            hub=HUB_TOKENIZER,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(tok_path), local_files_only=True)
         clip = HFClip.load(self.name, model_path, torch.device(device), self.dtype)

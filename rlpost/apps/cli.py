@@ -5,6 +5,7 @@
     rlpost train    --nproc_per_node N --recipe R.yaml ...   (N ranks on this host; torchrun's launcher)
     rlpost train    --help | --sampler.help NAME  (likewise --model/--prompts/--rewards/--advantage/--optimizer)
     rlpost validate --recipe R.yaml [--recipe overlay.yaml ...] [--a.b value ...]
+    rlpost download --recipe R.yaml [--recipe overlay.yaml ...] [--dry-run] [--dir DIR]   (Hub files into the HF cache)
     rlpost sample   --run DIR [--checkpoint latest|PATH] (--prompt "..." ... | --prompts-file F) --out DIR
                     [--num-steps N] [--seed S] [--batch-size B] [--device D]
     rlpost export   --run DIR --out DIR [--checkpoint latest|PATH] [--license ID] [--force] [--base_model ID]
@@ -342,6 +343,13 @@ def cmd_recipes(argv: Sequence[str]) -> int:
     return recipes_main(argv)
 
 
+def cmd_download(argv: Sequence[str]) -> int:
+    """Fetch every Hub file a recipe needs into the Hugging Face cache (:mod:`rlpost.apps.download`)."""
+    from rlpost.apps.download import cmd_download as download_main
+
+    return download_main(argv)
+
+
 def cmd_bench(argv: Sequence[str]) -> int:
     """Run TreeGRPO, DanceGRPO, MixGRPO and DDPO interleaved in one process and report speed and rewards."""
     from rlpost.bench import main as bench_main
@@ -352,6 +360,7 @@ def cmd_bench(argv: Sequence[str]) -> int:
 COMMANDS = {
     "train": cmd_train,
     "validate": cmd_validate,
+    "download": cmd_download,
     "sample": cmd_sample,
     "export": cmd_export,
     "plugins": cmd_plugins,

@@ -16,8 +16,10 @@ import yaml
 
 import rlpost.bench.stats as stats
 from rlpost.bench.paper import PAPER_QUANTITIES, parse_paper
+from rlpost.core.shipped import resolve_relative
 from rlpost.core.yaml_limits import load_yaml, short_repr
 from rlpost.engine.recipe import RecipeError
+from rlpost.engine.recipe.paths import resolve_doc_paths
 from rlpost.engine.recipe.sources import read_yaml
 
 __all__ = ["PAPER_QUANTITIES", "AlgoSpec", "BenchSpec", "as_names", "load_bench"]
@@ -100,7 +102,9 @@ def load_bench(path: str, overrides: Sequence[tuple[str, str]] = ()) -> BenchSpe
         RecipeError: An unreadable file or one beyond the YAML limits, unknown keys or a bad value (every problem
             listed).
     """
-    data = read_yaml(path, "bench recipe")
+    path = resolve_relative(path)  # recipes/bench/NAME.yaml names the shipped bench recipe from any directory
+    # Relative paths (bench.base, each algorithm's recipes) resolve against the bench file (rlpost/core/shipped.py).
+    data = resolve_doc_paths(read_yaml(path, "bench recipe"), path)
     problems = [
         f"{k}: unknown top-level key (known: algorithms, bench, paper)"
         for k in data

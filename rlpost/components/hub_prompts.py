@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 from rlpost.components.prompt_sources import PromptFile
-from rlpost.core.api import PromptSource, Range
+from rlpost.core.api import HubFiles, PromptSource, Range
 
 __all__ = ["HFDatasetPrompts"]
 
@@ -201,11 +201,21 @@ class HFDatasetPrompts(PromptSource):
         return []
 
     def _not_cached(self, what: str, cache: str) -> str:
+        command = self.hub_files()[0].command()
         return (
             f"{what} is not in the local Hugging Face cache ({cache}) and offline mode is on (HF_HUB_OFFLINE=1 or "
-            "HF_DATASETS_OFFLINE=1); run once with network access to fetch and cache it, or give a local copy as the "
-            "path (a .txt, .jsonl, .json, .csv or .parquet file: --prompts.path FILE)"
+            f"HF_DATASETS_OFFLINE=1); fetch it with `{command}` (or `rlpost download --recipe RECIPE` for every file "
+            "of a recipe), or give a local copy as the path (a .txt, .jsonl, .json, .csv or .parquet file: "
+            "--prompts.path FILE)"
         )
+
+    def hub_files(self) -> list[HubFiles]:
+        """The named ``data_files`` of a hub dataset id (the whole dataset repository when none are named); nothing
+        for local paths and builder names."""
+        if self._hub_id() is None:
+            return []
+        files = tuple(self._file_names())
+        return [HubFiles(self.path, files, repo_type="dataset", revision=self.revision, purpose="prompt dataset")]
 
     def _datasets_cached(self) -> bool:
         """Whether ``datasets`` can resolve the hub id offline (its module and data cache); reads no rows."""

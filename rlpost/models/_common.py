@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from rlpost.core.api import InvalidArguments, Policy, resolve_guidance
+from rlpost.core.api import HubFiles, InvalidArguments, Policy, resolve_guidance
 from rlpost.models.acceleration import AccelerateConfig, Speedups
 from rlpost.models.adapter_settings import DTypeName, LoraSpec, resolve_dtype
 from rlpost.models.pipeline_dir import (
@@ -98,6 +98,8 @@ class DiffusersTransformerPolicy(Policy):
     """``model_index.json`` entries a local pipeline directory must have (:func:`check_pipeline_dir`)."""
     weighted_components: ClassVar[tuple[str, ...]] = ()
     """Components that must hold a config and weights; also the modules frozen in eval mode after loading."""
+    gated_repos: ClassVar[frozenset[str]] = frozenset()
+    """Hub ids of this family whose licence must be accepted before downloading (``rlpost download`` says how)."""
 
     def __init__(
         self,
@@ -157,6 +159,18 @@ class DiffusersTransformerPolicy(Policy):
             problems.append(f"model.init_args.time_grid: must be one of {list(TIME_GRIDS)}, got {self.time_grid!r}")
         return problems
 
+    def hub_files(self) -> list[HubFiles]:
+        """The pipeline's ``model_index.json`` and the folders of its required and weighted components (each text
+        encoder with its tokenizer) when ``pretrained`` is a Hub id (a local directory or a ``tiny-random`` id needs
+        nothing): what ``from_pretrained`` reads, without a repository's other files (single-file checkpoints)."""
+        if parse_tiny_id(self.pretrained) is not None or is_local_path(self.pretrained):
+            return []
+        components = list(dict.fromkeys((*self.required_components, *self.weighted_components)))
+        tokenizers = [c.replace("text_encoder", "tokenizer") for c in components if c.startswith("text_encoder")]
+        patterns = ("model_index.json", *(f"{c}/*" for c in dict.fromkeys(components + tokenizers)))
+        gated = self.pretrained in self.gated_repos
+        return [HubFiles(self.pretrained, patterns, gated=gated, purpose=f"base model of {type(self).__name__}")]
+
     def _pretrained_dir(self) -> Path | None:
         """The checked local pipeline directory ``validate`` can read configs from, without loading weights.
 
@@ -174,7 +188,8 @@ class DiffusersTransformerPolicy(Policy):
         if is_local_path(self.pretrained):
             directory = Path(self.pretrained).expanduser()
         elif self.local_files_only:
-            directory = cached_snapshot(self.pretrained)
+            files = self.hub_files()[0]
+            directory = cached_snapshot(self.pretrained, files.command(), files.access_hint())
         else:
             return None
         self._check_dir(directory)

@@ -76,6 +76,8 @@ class FluxPolicy(PackedLatentPolicy):
         "text_encoder_2",
         "tokenizer_2",
     )
+    gated_repos: ClassVar[frozenset[str]] = frozenset({"black-forest-labs/FLUX.1-dev"})
+    """Released checkpoints behind a licence click-through on their model pages (the community licence)."""
     weighted_components: ClassVar[tuple[str, ...]] = ("transformer", "vae", "text_encoder", "text_encoder_2")
     family: ClassVar[str] = "FLUX"
     tiny_vae_factor: ClassVar[int] = TINY_VAE_FACTOR  # built on first use from known configs (models/tiny.py)

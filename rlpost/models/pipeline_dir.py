@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rlpost.core.shipped import SHIPPED_PREFIXES
+
 __all__ = [
     "ModelDirError",
     "PipelineFamilyError",
@@ -44,10 +46,13 @@ class PipelineFamilyError(ModelDirError):
 def is_local_path(name: str) -> bool:
     """Whether ``name`` denotes a local directory rather than a hub id (``owner/name``).
 
-    A name that exists on disk is local; so is anything path-shaped (absolute, ``./``, ``../``, ``~``, or not
-    exactly one ``/``), which lets a mistyped local path fail with "directory does not exist" instead of a hub error.
+    A name that exists on disk is local; so is anything path-shaped (absolute, ``./``, ``../``, ``~``, a shipped
+    folder ``assets/...`` or ``recipes/...``, or not exactly one ``/``), which lets a mistyped or missing local path
+    fail with "directory does not exist" instead of a hub error.
     """
     if Path(name).expanduser().exists():
+        return True
+    if name.split("/", 1)[0] in SHIPPED_PREFIXES:
         return True
     return name.startswith(("/", "./", "../", "~", ".\\")) or name.count("/") != 1
 
@@ -74,7 +79,10 @@ def check_pipeline_dir(
     """
     path = Path(path).expanduser()
     if not path.exists():
-        raise ModelDirError(f"model directory {str(path)!r} does not exist")
+        raise ModelDirError(
+            f"model directory {str(path)!r} does not exist (a relative path in a recipe is looked up next to the "
+            "recipe file, then among rlpost's shipped assets/; docs/recipes.md, 'Paths in a recipe')"
+        )
     if not path.is_dir():
         raise ModelDirError(f"model path {str(path)!r} is a file, expected a diffusers pipeline directory")
     index_file = path / "model_index.json"
@@ -119,8 +127,11 @@ def check_pipeline_dir(
             raise ModelDirError(f"{str(sub)!r} is missing scheduler_config.json")
 
 
-def cached_snapshot(repo_id: str) -> Path:
+def cached_snapshot(repo_id: str, command: str | None = None, access: str = "") -> Path:
     """The local-cache snapshot directory of hub model ``repo_id`` (a file-system lookup; nothing is downloaded).
+
+    ``command`` is the ``hf download`` command the error message gives (default: the whole repository); ``access``
+    says how to get access to a gated repository.
 
     Raises:
         ModelDirError: The model is not in the local Hugging Face cache.
@@ -130,10 +141,12 @@ def cached_snapshot(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, local_files_only=True))
     except Exception as e:  # noqa: BLE001 - LocalEntryNotFoundError, or a malformed id (HFValidationError)
+        fetch = command or f"hf download {repo_id}"
         raise ModelDirError(
             f"{repo_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and rlpost does not "
-            f"download at training time ({type(e).__name__}); download it first (huggingface-cli download {repo_id}) "
-            "or give a local pipeline directory"
+            f"download at training time ({type(e).__name__}); download it first with `{fetch}` (or `rlpost "
+            "download --recipe RECIPE` for every file of a recipe), or give a local pipeline directory"
+            + (f"; {repo_id} is gated: {access}" if access else "")
         ) from None
 
 

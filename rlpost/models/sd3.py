@@ -66,6 +66,14 @@ class SD3Policy(DiffusersTransformerPolicy):
         "text_encoder_2",
         "tokenizer_2",
     )
+    gated_repos: ClassVar[frozenset[str]] = frozenset(
+        {
+            "stabilityai/stable-diffusion-3.5-medium",
+            "stabilityai/stable-diffusion-3.5-large",
+            "stabilityai/stable-diffusion-3-medium-diffusers",
+        }
+    )
+    """Released checkpoints behind a licence click-through on their model pages (the community licence)."""
     weighted_components: ClassVar[tuple[str, ...]] = (
         "transformer",
         "vae",

@@ -157,7 +157,8 @@ def test_sd35_recipe_offline_without_prompt_cache_says_how(recipe, host, scratch
     assert {p.split(".init_args")[0] for p in problems} == expected, problems
     for problem in problems:
         assert "is not in the local Hugging Face cache" in problem and "offline mode is on" in problem
-        assert "run once with network access" in problem
+        assert "run once with network access" not in problem  # offline is the rule (README): say the command
+        assert "fetch it with `hf download " in problem and "--repo-type dataset`" in problem
         field = problem.split(".init_args")[0]
         assert f"--{field}.path FILE" in problem  # the flag that replaces this very source
 
@@ -199,7 +200,7 @@ def test_wan_recipes_say_what_they_need_and_check_the_released_geometry(recipe, 
     header = recipe.read_text().split("\nrun:")[0]
     for needed in (
         f"deepspeed --num_gpus 8 --module rlpost.apps.cli train --recipe recipes/{recipe.name}",
-        "huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+        f"rlpost download --recipe recipes/{recipe.name}",
         "--model.pretrained",
         "$RLPOST_MODELS/HPS_v2.1_compressed.pt",
         "ImageReward.pt",

@@ -25,13 +25,13 @@ TINY_SEEDS = [0, 1]
 
 @pytest.fixture(scope="module")
 def tiny_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """Run ``rlpost bench --recipe recipes/bench/tiny.yaml --out DIR`` once for the module (from the repo root, where
-    the bench recipes' relative paths resolve)."""
+    """Run ``rlpost bench --recipe recipes/bench/tiny.yaml --out DIR`` once for the module, from a directory outside
+    the checkout (the recipe and its ``base:`` and ``recipes:`` paths name the shipped files: docs/recipes.md)."""
     from rlpost.apps.cli import main
 
     out = tmp_path_factory.mktemp("bench") / "tiny"
     cwd = os.getcwd()
-    os.chdir(ROOT)
+    os.chdir(tmp_path_factory.mktemp("elsewhere"))
     try:
         assert main(["bench", "--recipe", "recipes/bench/tiny.yaml", "--out", str(out)]) == 0
     finally:

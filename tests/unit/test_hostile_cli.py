@@ -176,6 +176,12 @@ CASES = [
         "recipes-copy-unknown", lambda t, r: ["recipes", "copy", "no/such_recipe", str(t / "x.yaml")], "no/such_recipe"
     ),
     Case("unknown-command", lambda t, r: ["trian"], "unknown command 'trian'"),
+    Case("download-missing-recipe", lambda t, r: ["download", "--dry-run", "--recipe", str(t / "no.yaml")], "no.yaml"),
+    Case(
+        "download-bad-recipe",
+        lambda t, r: ["download", "--dry-run", *_tiny("treegrpo.yaml", t, "--sampler.k", "1")],
+        "sampler.init_args.k",
+    ),
 ]
 
 

@@ -87,7 +87,8 @@ def test_offline_and_not_cached_says_what_and_how(hub_cache):
         f"prompts.init_args.data_files: train.json of dataset 'ymhao/HPDv2' is not in the local Hugging Face cache "
         f"({hub_cache}) and offline mode is on"
     )
-    assert "run once with network access" in problems[0] and "--prompts.path FILE" in problems[0]
+    assert "fetch it with `hf download ymhao/HPDv2 train.json --repo-type dataset`" in problems[0]
+    assert "run once with network access" not in problems[0] and "--prompts.path FILE" in problems[0]
     # A hub id without data_files is looked up through datasets' own cache; not there either.
     whole = HFDatasetPrompts("nobody-xyz/not-cached").validate(None)
     assert len(whole) == 1 and whole[0].startswith("prompts.init_args.path: nobody-xyz/not-cached is not in the local")

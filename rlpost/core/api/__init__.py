@@ -28,6 +28,7 @@ from rlpost.core.api.capabilities import (
 )
 from rlpost.core.api.component import Component
 from rlpost.core.api.copies import LIVE, REFERENCE, WeightCopies
+from rlpost.core.api.hub import GATED_HINT, HubFiles
 from rlpost.core.api.policy import Conditioning, Policy, resolve_guidance
 from rlpost.core.api.prompts import PromptSource
 from rlpost.core.api.reward import MediaScope, RewardSource
@@ -54,6 +55,8 @@ __all__ = [
     "Component",
     "Conditioning",
     "EdgeEval",
+    "GATED_HINT",
+    "HubFiles",
     "InvalidArguments",
     "MediaScope",
     "Policy",

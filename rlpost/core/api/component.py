@@ -8,6 +8,7 @@ from abc import ABC
 from typing import Any, ClassVar, TypeVar
 
 from rlpost.core.api.arguments import InvalidArguments, constructor_problems
+from rlpost.core.api.hub import HubFiles
 
 __all__ = ["Component"]
 
@@ -45,6 +46,15 @@ class Component(ABC):  # noqa: B024 - a marker base: subclasses define the abstr
 
         Args:
             recipe: The resolved :class:`rlpost.engine.recipe.Recipe` (with instantiated components).
+        """
+        return []
+
+    def hub_files(self) -> list[HubFiles]:
+        """The Hugging Face Hub files this component needs with its current arguments (a base model, a reward
+        checkpoint, a prompt dataset), which ``rlpost download --recipe R`` fetches into the Hugging Face cache.
+
+        Called on a constructed component, before any weight loads; it must not touch the network. Files the recipe
+        points at by a local path, or that ship with the component, are not declared. The default needs nothing.
         """
         return []
 

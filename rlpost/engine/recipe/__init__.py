@@ -49,7 +49,7 @@ from rlpost.engine.recipe.schema import (
 )
 from rlpost.engine.recipe.sources import merge_sources
 from rlpost.engine.recipe.typecheck import with_defaults
-from rlpost.engine.recipe.validate import build_section, validate
+from rlpost.engine.recipe.validate import build_section, recipe_components, validate
 
 __all__ = [
     "COMPONENT_KEYS",
@@ -73,6 +73,7 @@ __all__ = [
     "merge_sources",
     "parse_recipe",
     "parse_recipe_args",
+    "recipe_components",
     "state_breaking_changes",
     "validate",
     "with_defaults",

@@ -28,6 +28,7 @@ from rlpost.core.yaml_limits import load_yaml
 from rlpost.engine.evaluation.alarm import AlarmConfig
 from rlpost.engine.evaluation.config import SETTING_HELP, EvalSettings
 from rlpost.engine.recipe.names import refuse_contested, resolve_argv_names, resolve_names
+from rlpost.engine.recipe.paths import resolve_argv_recipes, resolve_from_files
 from rlpost.engine.recipe.schema import (
     EVAL_SECTIONS,
     MAX_PROBLEM_CHARS,
@@ -90,6 +91,7 @@ def parse_recipe_args(
         RecipeError: If there is no recipe file, a file is unreadable or a bench recipe, or parsing fails.
         SystemExit: After jsonargparse printed a help text (``--help``, ``--KEY.help NAME``).
     """
+    argv = resolve_argv_recipes(argv)  # recipes/NAME.yaml names the shipped recipe from any directory
     files = recipe_files(argv)
     docs = [read_yaml(path) for path in files]
     bench = [path for path, doc in zip(files, docs, strict=True) if "bench" in doc]
@@ -117,7 +119,8 @@ def parse_recipe_args(
             raise RecipeError(_parse_problems(parser, files, args, host, str(exc))) from None
     finally:
         _PARSE_HOST.reset(token)
-    return _recipe_from_namespace(parser, namespace), namespace
+    # Relative paths resolve against the file that wrote them (rlpost/core/shipped.py states the rule).
+    return resolve_from_files(_recipe_from_namespace(parser, namespace), files, docs), namespace
 
 
 def _parse_problems(

@@ -17,6 +17,7 @@ import yaml
 
 from rlpost.core.user_files import UserFileError, read_yaml_file
 from rlpost.core.yaml_limits import YamlLimitError, load_yaml
+from rlpost.engine.recipe.paths import resolve_doc_paths
 from rlpost.engine.recipe.schema import RecipeError
 
 __all__ = ["check_value_limits", "deep_merge", "merge_sources", "read_yaml", "recipe_files", "string_beyond_limits"]
@@ -84,7 +85,8 @@ def string_beyond_limits(data: Any, where: str = "") -> str | None:
 
 
 def merge_sources(recipes: Sequence[str]) -> dict[str, Any]:
-    """Merge recipe files as plain data, later ones overlaying earlier ones (:func:`deep_merge`). Command-line
+    """Merge recipe files as plain data, later ones overlaying earlier ones (:func:`deep_merge`), each file's relative
+    paths resolved against its directory (:mod:`rlpost.engine.recipe.paths`). Command-line
     options are jsonargparse's: :func:`rlpost.engine.recipe.parse.parse_recipe` merges files and options as
     ``rlpost train`` does.
 
@@ -94,7 +96,7 @@ def merge_sources(recipes: Sequence[str]) -> dict[str, Any]:
     """
     cfg: dict[str, Any] = {}
     for path in recipes:
-        cfg = deep_merge(cfg, read_yaml(path))
+        cfg = deep_merge(cfg, resolve_doc_paths(read_yaml(path), path))
     return cfg
 
 

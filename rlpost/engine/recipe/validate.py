@@ -28,7 +28,7 @@ from rlpost.models.acceleration import acceleration_problems
 from rlpost.models.adapter_settings import peft_lora_names
 from rlpost.ops.media import media_problems
 
-__all__ = ["build_section", "validate"]
+__all__ = ["build_section", "recipe_components", "validate"]
 
 
 def validate(cfg: dict[str, Any], host: Registries) -> Recipe:
@@ -87,6 +87,34 @@ def build_section(cfg: dict[str, Any], name: str, host: Registries) -> Any:
     if problems:
         raise RecipeError(problems)
     return checks.built.get(name)
+
+
+def recipe_components(cfg: dict[str, Any], host: Registries) -> list[tuple[str, Component]]:
+    """The recipe's components as ``(field, component)``, constructed (each argument type- and range-checked) but
+    without the components' own ``validate``, which checks that their files are installed: what ``rlpost download``
+    asks for the files to install (``Component.hub_files``).
+
+    Raises:
+        RecipeError: The recipe has problems before any component check (every one listed).
+    """
+    problems = [f"{key}: unknown top-level key{suggest(key, list(SECTION))}" for key in cfg if key not in SECTION]
+    checks = _SectionChecks(cfg, host, problems)
+    for section in SECTIONS:
+        checks.check(section)
+    if problems:
+        raise RecipeError(problems)
+    found: list[tuple[str, Component]] = []
+    for name, value in checks.built.items():
+        if isinstance(value, Component):
+            found.append((name, value))
+        elif isinstance(value, list):
+            found.extend((f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, Component))
+    spec = checks.built.get("eval")
+    if spec is not None:
+        found.extend((f"eval.sets.{k}" if k else "eval.prompts", v) for k, v in spec.sets.items())
+        found.extend((f"eval.rewards[{i}]", v) for i, v in enumerate(spec.rewards))
+        found.extend((f"eval.judges[{i}]", v) for i, v in enumerate(spec.judges))
+    return found
 
 
 class _SectionChecks:
