@@ -23,6 +23,7 @@ import io
 import math
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,21 @@ def wandb_run_id(run_dir: Path, resumed: bool) -> str:
     return run_id
 
 
+def _after_existing_event_files(log_dir: Path) -> None:
+    """Wait (at most about a second) until the wall-clock second is later than every event file's in ``log_dir``.
+
+    TensorBoard reads a run's event files in name order, and a name starts with the second it was created in
+    (``events.out.tfevents.<seconds>.<host>.<pid>.<counter>``, the counter compared as text). A resumed writer's
+    file must sort after the files whose later steps it purges, so it must not share their second.
+    """
+    seconds = [
+        int(p.name.split(".")[3]) for p in log_dir.glob("events.out.tfevents.*") if p.name.split(".")[3].isdigit()
+    ]
+    newest = max(seconds, default=0)
+    while int(time.time()) <= newest:
+        time.sleep(0.05)
+
+
 class RunTensorBoard(TensorBoardTracker):  # type: ignore[misc]  # accelerate is untyped
     """accelerate's TensorBoard tracker writing the run directory's ``tensorboard/`` itself.
 
@@ -131,10 +147,14 @@ class RunTensorBoard(TensorBoardTracker):  # type: ignore[misc]  # accelerate is
         from torch.utils.tensorboard import FileWriter, SummaryWriter
 
         self.logging_dir = str(self.logging_dir_param)
+        if self.init_kwargs.get("purge_step") is not None:
+            _after_existing_event_files(Path(self.logging_dir))
         self.writer = SummaryWriter(self.logging_dir, **self.init_kwargs)
-        # Summaries SummaryWriter has no method for (the HParams session, GIF videos) go through the public
-        # FileWriter; TensorBoard reads every event file of the directory as one run.
-        self.raw = FileWriter(self.logging_dir)
+        # Summaries SummaryWriter has no method for (the HParams session, GIF videos) go through its public
+        # ``file_writer`` (a FileWriter): one event file per process, so the purge marker precedes them all.
+        raw: FileWriter | None = self.writer.file_writer
+        assert raw is not None  # SummaryWriter opens its FileWriter in __init__
+        self.raw: FileWriter = raw
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """The resolved recipe as text (tag ``recipe``, step 0); its scalar settings become the HParams at finish."""
@@ -166,10 +186,9 @@ class RunTensorBoard(TensorBoardTracker):  # type: ignore[misc]  # accelerate is
         self.raw.flush()
 
     def finish(self) -> None:
-        """Write the HParams session, then close the writers."""
+        """Write the HParams session, then close the writer."""
         self._write_hparams()
         self.writer.close()
-        self.raw.close()
 
     def _write_hparams(self) -> None:
         """One HParams session in the run's own event directory, so its metrics are the scalar series already logged.
