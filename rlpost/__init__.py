@@ -65,6 +65,14 @@ from rlpost.core.shipped import shipped_asset
 from rlpost.engine.lr_schedule import RunLengthLR
 from rlpost.ops.dpm_solver import dpm_solver_pp2_step
 from rlpost.ops.kernels import EulerODE, LogProbReduction, StepKernel, make_kernel
+from rlpost.ops.likelihood_free import (
+    ADAPTIVE_WEIGHT_FLOOR,
+    NFTTerms,
+    adaptive_x0_loss,
+    implicit_policies,
+    nft_loss,
+    optimality_weight,
+)
 from rlpost.ops.reward_mixing import constant_groups, mix_rewards
 from rlpost.ops.sampling import RolloutBuilder, evaluate_edges, frontier_velocity
 from rlpost.ops.schedules import (
@@ -106,6 +114,7 @@ from rlpost.ops.trees import (
     edge_levels,
     expected_value,
     grouped_ess,
+    leaves_below,
     num_starts,
     progressive_setting,
     progressive_start,
@@ -251,6 +260,13 @@ __all__ = [
     "expected_value",
     "grouped_ess",
     "edge_levels",
+    "leaves_below",
+    "ADAPTIVE_WEIGHT_FLOOR",
+    "NFTTerms",
+    "adaptive_x0_loss",
+    "implicit_policies",
+    "nft_loss",
+    "optimality_weight",
     "num_starts",
     "progressive_setting",
     "progressive_start",

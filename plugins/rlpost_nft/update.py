@@ -3,7 +3,7 @@ clean samples of a rollout drawn with the lagging "old" weights.
 
 Per training step, on this rank's samples (NVlabs/DiffusionNFT ``scripts/train_nft_sd3.py`` @24af555 L797-1039):
 
-1. each sample's optimality weight ``r`` from its clipped advantage (:func:`rlpost_nft.loss.optimality_weight`);
+1. each sample's optimality weight ``r`` from its clipped advantage (:func:`rlpost.optimality_weight`);
 2. per sample an independent random permutation of the rollout grid's ``T`` step indices, of which the first
    ``keep = int(T · timestep_fraction)`` are trained (9 of 10 in every upstream preset;
    :func:`rlpost.grid_permutations`, keyed by the run seed, the step and the sample's global key);
@@ -11,7 +11,7 @@ Per training step, on this rank's samples (NVlabs/DiffusionNFT ``scripts/train_n
    / 1000), fresh ``ε`` (:func:`rlpost.noise_for`, keyed by the sample and ``i``), ``x_t = (1-t)·x0 + t·ε``, and three
    velocities at ``x_t`` at guidance ``train_guidance``: the "old" copy's and the frozen reference's without gradient
    (the reference only when ``kl_beta > 0``), the live policy's with;
-4. the loss of :func:`rlpost_nft.loss.nft_loss`, averaged over every (sample, timestep) pair of the step (upstream
+4. the loss of :func:`rlpost.nft_loss`, averaged over every (sample, timestep) pair of the step (upstream
    divides each micro-batch mean by ``gradient_accumulation_steps × keep``), accumulated over minibatches of
    ``minibatch_samples`` samples (memory only: each pass evaluates one kept timestep of each sample of the minibatch,
    upstream's micro-batch per timestep), then one optimizer step.
@@ -43,12 +43,12 @@ from rlpost import (
     UpdateResult,
     clean_batch,
     grid_permutations,
+    nft_loss,
     noise_for,
+    optimality_weight,
     renoise,
     sample_chunks,
 )
-
-from .loss import nft_loss, optimality_weight
 
 __all__ = ["OLD", "NFTUpdate"]
 

@@ -41,6 +41,7 @@ FIRST_PARTY_PLUGINS: dict[str, str] = {
     "tempflow": "rlpost_tempflow",
     "branchgrpo": "rlpost_branchgrpo",
     "flowgrpo": "rlpost_flowgrpo",
+    "treenft": "rlpost_treenft",
 }
 
 

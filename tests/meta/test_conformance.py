@@ -176,6 +176,10 @@ CASES: tuple[Case, ...] = (
     _rule("branch-surrogate", "branch", "branch-one-step", clip_range=1e-4, optimizer_steps=1, minibatch_edges=6),
     # The likelihood-free rules on the solver sampler's rollouts (clean samples, no trainable edge).
     _rule("nft", "solver", "solver", kl_beta=1e-4, minibatch_samples=3),
+    # TreeNFT: the NFT loss at the tree sampler's window nodes (the rollout under the old copy, or the live weights
+    # with NFT's fresh rows added).
+    _rule("tree-nft", "tree", "tree-window", kl_beta=1e-4, minibatch_rows=2),
+    _rule("tree-nft", "tree", "tree-live-fresh-rows", kl_beta=0.0, rollout_policy="live", fresh_rows=2),
     _rule("awm", "solver", "solver", num_train_timesteps=2, time_type="discrete", minibatch_samples=3),
     _rule("dgpo", "solver", "solver", num_train_timesteps=2, trunc_steps=2),
     _reward("jpeg-compressibility", lambda env: {}),

@@ -13,6 +13,7 @@ from rlpost.ops.trees.backup import (
     descendant_leaf_totals,
     edge_levels,
     grouped_ess,
+    leaves_below,
 )
 from rlpost.ops.trees.frontier import branch_children
 from rlpost.ops.trees.noise import NoiseSource, PerGroupNoise, SharedNoise
@@ -61,6 +62,7 @@ __all__ = [
     "draw_window_start",
     "expected_value",
     "grouped_ess",
+    "leaves_below",
     "edge_levels",
     "num_starts",
     "progressive_setting",

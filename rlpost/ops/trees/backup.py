@@ -21,7 +21,15 @@ from torch import Tensor
 
 from rlpost.core.contract import Rollout
 
-__all__ = ["Weighting", "backup_values", "calibrated_weights", "descendant_leaf_totals", "edge_levels", "grouped_ess"]
+__all__ = [
+    "Weighting",
+    "backup_values",
+    "calibrated_weights",
+    "descendant_leaf_totals",
+    "edge_levels",
+    "grouped_ess",
+    "leaves_below",
+]
 
 Weighting = Literal["softmax", "uniform", "calibrated"]
 
@@ -179,3 +187,43 @@ def descendant_leaf_totals(rollout: Rollout, leaf_values: Tensor) -> tuple[Tenso
         total.index_add_(0, parent, total[child])
         count.index_add_(0, parent, count[child])
     return total, count
+
+
+def leaves_below(rollout: Rollout, nodes: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Every (node, decoded sample below it) pair of a tree rollout (a sample counts at its own node).
+
+    Walks each sample's path up to its root, all samples at once (one step per tree level, never a loop over nodes).
+    A rule that trains a tree's inner nodes towards the samples they led to (TreeNFT) gathers its pairs here.
+
+    Args:
+        rollout: The rollout; every node has at most one parent edge (a forest of trees, chains included).
+        nodes: ``[M]`` long node indices to keep pairs of; ``None`` keeps every node's.
+
+    Returns:
+        ``(node [P], sample [P])`` long, sorted by node, then sample (indices into ``rollout.sample_node``).
+
+    Raises:
+        ValueError: A node has more than one parent edge.
+    """
+    n = rollout.num_nodes
+    child = rollout.edge_child.cpu()
+    if child.numel() and int(torch.bincount(child, minlength=n).max()) > 1:
+        raise ValueError("leaves_below: a node has more than one parent edge; the rollout is not a forest of trees")
+    parent_of = torch.full((n,), -1, dtype=torch.long)
+    parent_of[child] = rollout.edge_parent.cpu()
+    samples = torch.arange(rollout.num_samples)
+    at = rollout.sample_node.cpu().clone()
+    found_nodes, found_samples = [], []
+    while at.numel():
+        found_nodes.append(at)
+        found_samples.append(samples)
+        up = parent_of[at]
+        keep = up >= 0
+        at, samples = up[keep], samples[keep]
+    node = torch.cat(found_nodes) if found_nodes else torch.zeros(0, dtype=torch.long)
+    sample = torch.cat(found_samples) if found_samples else torch.zeros(0, dtype=torch.long)
+    if nodes is not None:
+        keep = torch.isin(node, nodes.cpu())
+        node, sample = node[keep], sample[keep]
+    order = torch.argsort(node * max(rollout.num_samples, 1) + sample)
+    return node[order], sample[order]

@@ -38,6 +38,7 @@ ALGORITHMS = {
     "flowgrpo": "recipes/tiny/flowgrpo_qwenimage.yaml",
     "flowgrpo_fast": "recipes/tiny/flowgrpo_fast_qwenimage.yaml",
     "grpo_guard": "recipes/tiny/grpo_guard_qwenimage.yaml",
+    "treenft": "recipes/tiny/treenft_qwenimage.yaml",
 }
 
 
@@ -53,7 +54,7 @@ def test_two_steps_on_tiny_qwenimage(algorithm: str, tiny_qwenimage_dir: Path, t
     lines, model = check_recipe_trains_two_steps(ALGORITHMS[algorithm], tiny_qwenimage_dir, run, "qwen-image", qwen)
     # trees and Flow-GRPO-Fast's nocfg preset: no CFG
     assert model["init_args"]["true_cfg_scale"] == (
-        1.0 if algorithm in ("treegrpo", "branchgrpo", "flowgrpo_fast") else CFG
+        1.0 if algorithm in ("treegrpo", "branchgrpo", "flowgrpo_fast", "treenft") else CFG
     )
     if algorithm == "dancegrpo":
         # 2 groups x 4 samples x 4 steps, counted per row before the CFG doubling; the grid ends at 0.02 -> 0, so

@@ -41,6 +41,7 @@ ALGORITHMS = {
     "flowgrpo": "recipes/tiny/flowgrpo_flux.yaml",
     "flowgrpo_fast": "recipes/tiny/flowgrpo_fast_flux.yaml",
     "grpo_guard": "recipes/tiny/grpo_guard_flux.yaml",
+    "treenft": "recipes/tiny/treenft_flux.yaml",
 }
 
 

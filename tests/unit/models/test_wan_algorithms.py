@@ -45,6 +45,7 @@ ALGORITHMS = {
     "flowgrpo": "recipes/tiny/flowgrpo_wan.yaml",
     "flowgrpo_fast": "recipes/tiny/flowgrpo_fast_wan.yaml",
     "grpo_guard": "recipes/tiny/grpo_guard_wan.yaml",
+    "treenft": "recipes/tiny/treenft_wan.yaml",
 }
 EVAL_PROMPTS = ["a yellow star", "a purple ring"]  # recipes/tiny/treegrpo_wan.yaml's eval section
 EVAL_SEED, EVAL_STEPS = 5, 3
@@ -95,7 +96,7 @@ def test_two_steps_on_tiny_wan(
     assert cfg["model"]["class_path"] == "wan"
     reduction = (cfg.get("reward_frames") or {}).get("reduction", "mean")
     videos = cfg["run"]["groups_per_step"] * cfg["run"].get("samples_per_group", 1)
-    if algorithm == "treegrpo":
+    if algorithm in ("treegrpo", "treenft"):
         videos *= cfg["sampler"]["init_args"]["k"] ** cfg["sampler"]["init_args"]["depth"]  # leaves per prompt
     if algorithm == "tempflow":
         comb = cfg["sampler"]["init_args"]  # trunks x k children at each of the first T-1 steps, per prompt
