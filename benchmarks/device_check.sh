@@ -19,6 +19,11 @@
 # ARMS: PRESET[+fast][@GROUPS] with PRESET from benchmarks/gpu_speed.py (default: dancegrpo treegrpo-paper
 # treegrpo-code dancegrpo+fast treegrpo-paper+fast treegrpo-code+fast treegrpo-wan dancegrpo-wan). A family's model
 # is built only when one of its arms is listed (*-flux: FLUX.1-dev, ~25 GB of disk; *-wan: Wan2.1-1.3B).
+# The rest of the field at its SD3.5 preset (prepared, not in the default run; gpu_speed.py FIELD_ARMS), in two calls
+# that fit a 10-minute command (the second skips the GPU-marked tests):
+#   HF_HUB_OFFLINE=1 TOTAL_BUDGET_S=560 bash benchmarks/device_check.sh runs/field-a flowgrpo flowgrpo-fast \
+#     grpo-guard branchgrpo tempflow
+#   HF_HUB_OFFLINE=1 GPU_TESTS=0 TOTAL_BUDGET_S=560 bash benchmarks/device_check.sh runs/field-b nft awm dgpo treenft
 # Memory at the paper's 32 prompts per iteration (prepared; ~6 minutes per arm, so not in the default run):
 #   HF_HUB_OFFLINE=1 TOTAL_BUDGET_S=900 ITERATIONS=2 bash benchmarks/device_check.sh runs/mem32 treegrpo-paper@32 dancegrpo@32
 # Environment: PYTHON (default python3), MODEL_DIR (random SD3.5-M build, default ~/.cache/rlpost/sd35m-random),
@@ -28,7 +33,7 @@
 # +fast arms as KEY=VALUE words, default gpu_speed.py's FAST), TOTAL_BUDGET_S (480), TESTS_TIMEOUT_S (150),
 # PRESET_TIMEOUT_S (plain SD3.5 arm, 100), FAST_TIMEOUT_S (+fast SD3.5 arm, 180), WAN_TIMEOUT_S (240),
 # FLUX_PRESET_TIMEOUT_S (300), BUILD_TIMEOUT_S (240), FLUX_BUILD_TIMEOUT_S (300), WAN_BUILD_TIMEOUT_S (120),
-# DOCS_OUT (docs/benchmarks/gpu; empty: do not copy).
+# GPU_TESTS (1; 0 skips the GPU-marked tests), DOCS_OUT (docs/benchmarks/gpu; empty: do not copy).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/device-check}
@@ -68,10 +73,14 @@ build() {  # build the family's random model once (skipped when the arms need no
   return "${built[$family]}"
 }
 
-echo "== GPU-marked tests"
-if ! timeout "$(limit "${TESTS_TIMEOUT_S:-150}")" "$PY" -m pytest -m gpu tests/gpu -q 2>&1 \
-    | tee "$OUT/gpu_tests.log"; then
-  echo "GPU-marked tests FAILED or timed out (see $OUT/gpu_tests.log)"; status=1
+if [ "${GPU_TESTS:-1}" = 0 ]; then
+  echo "== GPU-marked tests skipped (GPU_TESTS=0)"
+else
+  echo "== GPU-marked tests"
+  if ! timeout "$(limit "${TESTS_TIMEOUT_S:-150}")" "$PY" -m pytest -m gpu tests/gpu -q 2>&1 \
+      | tee "$OUT/gpu_tests.log"; then
+    echo "GPU-marked tests FAILED or timed out (see $OUT/gpu_tests.log)"; status=1
+  fi
 fi
 
 read -r -a accel <<<"${ACCELERATE:-}"

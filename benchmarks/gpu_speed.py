@@ -82,7 +82,23 @@ PRESETS: dict[str, dict[str, Any]] = {
     "treegrpo-wan": {"label": "TreeGRPO (paper preset) on Wan2.1-1.3B", "recipe": "recipes/treegrpo_sd35.yaml",
                      "family": "wan"},
     "dancegrpo-wan": {"label": "DanceGRPO on Wan2.1-1.3B", "recipe": "recipes/dancegrpo_sd35.yaml", "family": "wan"},
+    # The rest of the field at its SD3.5 preset (the field arms: FIELD_ARMS).
+    "flowgrpo": {"label": "Flow-GRPO", "recipe": "recipes/flowgrpo_sd35.yaml"},
+    "flowgrpo-fast": {"label": "Flow-GRPO-Fast", "recipe": "recipes/flowgrpo_fast_sd35.yaml"},
+    "grpo-guard": {"label": "GRPO-Guard", "recipe": "recipes/grpo_guard_sd35.yaml"},
+    "branchgrpo": {"label": "BranchGRPO (SD3.5 preset)", "recipe": "recipes/branchgrpo_sd35.yaml"},
+    "tempflow": {"label": "TempFlow-GRPO", "recipe": "recipes/tempflow_sd35.yaml"},
+    "nft": {"label": "DiffusionNFT", "recipe": "recipes/nft_sd35.yaml"},
+    "awm": {"label": "AWM", "recipe": "recipes/awm_sd35.yaml"},
+    "dgpo": {"label": "DGPO", "recipe": "recipes/dgpo_sd35.yaml"},
+    "treenft": {"label": "TreeNFT", "recipe": "recipes/treenft_sd35.yaml"},
+    "branchgrpo-flux": {"label": "BranchGRPO on FLUX.1-dev", "recipe": "recipes/branchgrpo_flux.yaml",
+                        "family": "flux"},
 }  # fmt: skip
+FIELD_ARMS: tuple[str, ...] = (
+    "flowgrpo", "flowgrpo-fast", "grpo-guard", "branchgrpo", "tempflow", "nft", "awm", "dgpo", "treenft",
+)  # fmt: skip
+"""The SD3.5 arms beyond the default device check, for ``device_check.sh OUT $FIELD`` (its header)."""
 FLUX_CHECK_LORA: dict[str, Any] = {"rank": 64, "alpha": 64}
 """The adapter FLUX presets train on one GPU in place of the recipes' full fine-tuning (see the module docstring)."""
 FAST: dict[str, Any] = {"compile": "both", "compile_regional": True, "vae_channels_last": True}

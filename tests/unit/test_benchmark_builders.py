@@ -150,6 +150,26 @@ def test_gpu_presets_validate(narrow_wan: Path, tiny_sd3_dir: Path, tmp_path: Pa
         assert recipe.sampler.chunk_size == 4 and recipe.optimizer.minibatch_edges == 3
 
 
+@pytest.mark.parametrize(
+    "arm", ["flowgrpo", "flowgrpo-fast", "grpo-guard", "branchgrpo", "tempflow", "nft", "awm", "dgpo", "treenft"]
+)
+def test_field_arms_validate(arm: str, tiny_sd3_dir: Path, tmp_path: Path) -> None:
+    """Every field arm is its shipped SD3.5 preset with the GPU check's substitutions and validates without loading
+    weights; its images and training rows per iteration follow from its own sampler and update rule."""
+    from rlpost.apps.host import build_host
+    from rlpost.engine.recipe import validate
+
+    gpu_speed: Any = _gpu_speed()
+    assert arm in gpu_speed.FIELD_ARMS
+    recipe = validate(
+        gpu_speed.preset_config(arm, str(tiny_sd3_dir), 1, 2, str(tmp_path / arm), "cpu", 32), host=build_host()
+    )
+    assert recipe.run.groups_per_step == 1 and recipe.run.max_steps == 2
+    assert [r.name for r in recipe.rewards] == ["jpeg-compressibility"]
+    counts, train = recipe.counts(), recipe.train_counts()
+    assert counts.images > 0 and counts.rollout_forwards > 0 and train.grad_rows > 0
+
+
 def _record(arm: str, s_iter: float, guard: float | None = None) -> dict[str, Any]:
     gpu_speed: Any = _gpu_speed()
     preset, fast, _ = gpu_speed.parse_arm(arm)
