@@ -18,7 +18,9 @@ from rlpost.models.sd3 import SD3Policy
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = sorted((ROOT / "recipes" / "bench").glob("*.yaml"))
-SUB_BENCHES = sorted((ROOT / "recipes" / "bench" / "digits").glob("*_bench.yaml"))
+SUB_BENCHES = sorted(p for p in (ROOT / "recipes" / "bench" / "digits").glob("*_bench.yaml") if "field" not in p.name)
+FIELD = ROOT / "recipes" / "bench" / "digits" / "field_bench.yaml"
+FIELD_TUNING = ROOT / "recipes" / "bench" / "digits" / "field_tuning_bench.yaml"
 TINY_ALGOS = {"treegrpo-paper", "treegrpo-code", "dancegrpo", "mixgrpo", "ddpo"}
 TINY_SEEDS = [0, 1]
 
@@ -160,6 +162,46 @@ def test_digits_sub_benches_validate(path: Path, monkeypatch: pytest.MonkeyPatch
             assert {k: v for k, v in config.items() if k != "advantage"} == {
                 k: v for k, v in plain.items() if k != "advantage"
             }
+
+
+def _arm_configs(spec: bench.BenchSpec) -> dict[str, dict[str, Any]]:
+    host = build_host()
+    configs: dict[str, dict[str, Any]] = {}
+    for algo in spec.algorithms:
+        pairs = [(k, command_line_value(v)) for k, v in {**spec.overrides, **algo.overrides}.items()]
+        configs[algo.name] = validate(parse_recipe([*spec.base, *algo.recipes], pairs, host), host).config
+    return configs
+
+
+def test_field_benches_validate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The field bench holds every first-party algorithm (TreeGRPO as its main job) on one model, grid, reward and
+    held-out evaluation; its tuning bench gives every method the same search (0.5x, 1x, 2x its learning rate) on a
+    seed the field never uses, scored on the rl prompts only."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
+    field, tuning = bench.load_bench(str(FIELD)), bench.load_bench(str(FIELD_TUNING))
+    configs = _arm_configs(field)
+    optimizers = {c["optimizer"]["class_path"].rsplit(".", 1)[-1] for c in configs.values()}
+    assert len(configs) == 13 and optimizers == {
+        "ClippedSurrogate", "FlowGRPOUpdate", "BranchSurrogate", "TempFlowUpdate", "NFTUpdate", "AWMUpdate",
+        "DGPOUpdate", "TreeNFTUpdate",
+    }, optimizers  # fmt: skip
+    for key in ("model", "eval", "rewards", "prompts"):
+        assert all(c[key] == configs["dancegrpo"][key] for c in configs.values()), key
+    assert list(configs["nft"]["eval"]["sets"]) == ["heldout"] and field.seeds == [0, 1, 2]
+    assert {c["sampler"]["init_args"]["num_steps"] for c in configs.values()} == {10}  # one time grid
+    trials = _arm_configs(tuning)
+    assert tuning.seeds is not None and not set(tuning.seeds) & set(field.seeds)
+    assert tuning.time_budget_s == field.time_budget_s
+    for name, config in configs.items():
+        lr = config["torch_optimizer"]["init_args"]["lr"]
+        tried = sorted(trials[f"{name}-lr{f}"]["torch_optimizer"]["init_args"]["lr"] for f in ("0.5", "1", "2"))
+        assert tried == pytest.approx([0.5 * lr, lr, 2 * lr], rel=1e-2), name
+        assert list(trials[f"{name}-lr1"]["eval"]["sets"]) == ["rl"]
+        assert {k: v for k, v in trials[f"{name}-lr1"].items() if k not in ("eval", "run")} == {
+            k: v for k, v in config.items() if k not in ("eval", "run")
+        }
+    assert len(trials) == 3 * len(configs)
 
 
 @pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.name)
