@@ -176,7 +176,8 @@ def _arm_configs(spec: bench.BenchSpec) -> dict[str, dict[str, Any]]:
 def test_field_benches_validate(monkeypatch: pytest.MonkeyPatch) -> None:
     """The field bench holds every first-party algorithm (TreeGRPO as its main job) on one model, grid, reward and
     held-out evaluation; its tuning bench gives every method the same search (0.5x, 1x, 2x its learning rate) on a
-    seed the field never uses, scored on the rl prompts only."""
+    seed the field never uses, scored on the rl prompts only, and each field arm runs exactly one of its trials'
+    settings (the chosen one) apart from evaluation and seed."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
     field, tuning = bench.load_bench(str(FIELD)), bench.load_bench(str(FIELD_TUNING))
@@ -194,13 +195,15 @@ def test_field_benches_validate(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tuning.seeds is not None and not set(tuning.seeds) & set(field.seeds)
     assert tuning.time_budget_s == field.time_budget_s
     for name, config in configs.items():
-        lr = config["torch_optimizer"]["init_args"]["lr"]
-        tried = sorted(trials[f"{name}-lr{f}"]["torch_optimizer"]["init_args"]["lr"] for f in ("0.5", "1", "2"))
-        assert tried == pytest.approx([0.5 * lr, lr, 2 * lr], rel=1e-2), name
+        recipe_lr = trials[f"{name}-lr1"]["torch_optimizer"]["init_args"]["lr"]
+        tried = {f: trials[f"{name}-lr{f}"]["torch_optimizer"]["init_args"]["lr"] for f in ("0.5", "1", "2")}
+        assert sorted(tried.values()) == pytest.approx([0.5 * recipe_lr, recipe_lr, 2 * recipe_lr], rel=1e-2), name
+        chosen = [f for f, lr in tried.items() if lr == pytest.approx(config["torch_optimizer"]["init_args"]["lr"])]
+        assert len(chosen) == 1, f"{name}: the field's learning rate is not one of its tuning trials"
         assert list(trials[f"{name}-lr1"]["eval"]["sets"]) == ["rl"]
-        assert {k: v for k, v in trials[f"{name}-lr1"].items() if k not in ("eval", "run")} == {
+        assert {k: v for k, v in trials[f"{name}-lr{chosen[0]}"].items() if k not in ("eval", "run")} == {
             k: v for k, v in config.items() if k not in ("eval", "run")
-        }
+        }, name
     assert len(trials) == 3 * len(configs)
 
 
