@@ -51,8 +51,9 @@ the TreeGRPO paper's Table 1, held-out tables, ratios, reward levels, conclusion
 Modules: :mod:`~rlpost.bench.spec` (the recipe; its ``paper`` section: :mod:`~rlpost.bench.paper`),
 :mod:`~rlpost.bench.driver` (runners and schedule),
 :mod:`~rlpost.bench.measure` (per-run records), :mod:`~rlpost.bench.costmodel` (calibration and predictions),
-:mod:`~rlpost.bench.aggregate` and :mod:`~rlpost.bench.compare` (over seeds, :mod:`~rlpost.bench.stats`),
-:mod:`~rlpost.bench.report`, :mod:`~rlpost.bench.tables` and :mod:`~rlpost.bench.plot` (outputs).
+:mod:`~rlpost.bench.aggregate`, :mod:`~rlpost.bench.compare` and :mod:`~rlpost.bench.field` (over seeds,
+:mod:`~rlpost.bench.stats`), :mod:`~rlpost.bench.report`, :mod:`~rlpost.bench.tables`,
+:mod:`~rlpost.bench.field_tables` and :mod:`~rlpost.bench.plot` (outputs).
 """
 
 from __future__ import annotations
@@ -61,11 +62,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rlpost.bench.aggregate import aggregate, eval_keys, eval_metrics, primary_metric, upgrade_legacy
 from rlpost.bench.compare import comparisons
 from rlpost.bench.costmodel import Calibration, calibrate, nominal_batches, predict_seconds, predicted_counts
 from rlpost.bench.driver import Bench
+from rlpost.bench.field import alarm_verdicts, field_comparisons
 from rlpost.bench.measure import PHASES, AlgoState, IterRecord, machine_info, run_key
 from rlpost.bench.plot import plot_wallclock
 from rlpost.bench.report import markdown, write_outputs
@@ -83,10 +86,12 @@ __all__ = [
     "Calibration",
     "IterRecord",
     "aggregate",
+    "alarm_verdicts",
     "calibrate",
     "comparisons",
     "eval_keys",
     "eval_metrics",
+    "field_comparisons",
     "load_bench",
     "machine_info",
     "main",
@@ -112,7 +117,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--recipe", help="bench recipe (e.g. recipes/bench/digits.yaml)")
     parser.add_argument("--out", default=None, help="output directory (default: bench.output_dir)")
     parser.add_argument(
-        "--report-only", metavar="DIR", help="re-render DIR/bench.md and the plot from DIR/bench.json (no training)"
+        "--report-only",
+        metavar="DIR",
+        help="re-render DIR/bench.md and the plot from DIR/bench.json (no training); with --recipe, the recipe's "
+        "report settings (bench.levels, bench.claims, paper) replace the recorded ones",
     )
     ns, rest = parser.parse_known_args(list(argv))
     if ns.report_only:
@@ -124,8 +132,12 @@ def main(argv: Sequence[str]) -> int:
         if not isinstance(result, dict):
             parser.error(f"--report-only: {out / 'bench.json'}: not a bench result (a JSON object) of rlpost bench")
         result = upgrade_legacy(result)
+        if ns.recipe:
+            _refresh_report_settings(result, load_bench(ns.recipe), parser)
+        alarm_verdicts(result, out)
         result["algorithms"] = json_safe(aggregate(result))
         result["comparisons"] = json_safe(comparisons(result))
+        result["field"] = json_safe(field_comparisons(result))
         write_outputs(result, out)
         print(markdown(result))
         return 0
@@ -155,6 +167,15 @@ def main(argv: Sequence[str]) -> int:
     print(markdown(result))
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'} and {out / 'reward_vs_wallclock.png'}", file=sys.stderr)
     return 0
+
+
+def _refresh_report_settings(result: dict[str, Any], spec: BenchSpec, parser: argparse.ArgumentParser) -> None:
+    """Replace a recorded result's report settings with a bench recipe's (the same algorithms, or an error)."""
+    recorded = sorted(a["name"] for a in result.get("spec", {}).get("algorithms", []))
+    if recorded != sorted(a.name for a in spec.algorithms):
+        mine = sorted(a.name for a in spec.algorithms)
+        parser.error(f"--recipe: its algorithms {mine} are not the result's {recorded}")
+    result["spec"].update(paper=spec.paper, levels=spec.levels, claims=spec.claims)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from rlpost.bench.aggregate import (
 )
 from rlpost.bench.spec import PAPER_QUANTITIES, as_names
 
-__all__ = ["comparisons"]
+__all__ = ["best_value", "comparisons", "final_value", "own_best"]
 
 
 def _at_iteration(run: dict[str, Any], key: str, iteration: int) -> float | None:
@@ -32,7 +32,8 @@ def _at_time(run: dict[str, Any], t: float) -> dict[str, Any] | None:
     return hits[-1] if hits else None
 
 
-def _best(run: dict[str, Any], key: str) -> float | None:
+def best_value(run: dict[str, Any], key: str) -> float | None:
+    """The run's highest evaluation of ``key`` (``None``: never evaluated)."""
     values = [v for e in run["evals"] if (v := numeric(e.get(key))) is not None]
     return max(values) if values else None
 
@@ -41,7 +42,8 @@ def _first(run: dict[str, Any], key: str) -> float | None:
     return numeric(run["evals"][0].get(key)) if run["evals"] else None
 
 
-def _final(run: dict[str, Any], key: str) -> float | None:
+def final_value(run: dict[str, Any], key: str) -> float | None:
+    """The run's last evaluation of ``key`` (``None``: never evaluated)."""
     values = [v for e in run["evals"] if (v := numeric(e.get(key))) is not None]
     return values[-1] if values else None
 
@@ -59,7 +61,7 @@ def _time_to(runs: list[dict[str, Any]], key: str, level: float, kw: dict[str, A
     }
 
 
-def _own_best(
+def own_best(
     by_algo: dict[str, list[dict[str, Any]]], reference: str, fast: list[str], key: str, kw: dict[str, Any]
 ) -> dict[str, Any] | None:
     """The stricter time-to-reward reading: the reference's *mean* best and the time it took to get there.
@@ -70,7 +72,7 @@ def _own_best(
     when every seed of the fast algorithm reached the level.
     """
     ref_runs = by_algo[reference]
-    found = [_best(r, key) for r in ref_runs]
+    found = [best_value(r, key) for r in ref_runs]
     bests = [b for b in found if b is not None]
     if len(bests) < len(found):
         return None
@@ -120,7 +122,7 @@ def comparisons(result: dict[str, Any]) -> dict[str, Any]:
     * Reward levels (on :func:`primary_metric`): ``best`` = the lowest of the reference's per-seed best values,
       ``final`` = the lowest of its per-seed final values, so every reference seed reaches both; each run's time to
       its first evaluation at or above the level (``None``: not reached). ``own_best``: the stricter reading
-      of :func:`_own_best` (the reference's mean best, against the time the reference took to reach its own best).
+      of :func:`own_best` (the reference's mean best, against the time the reference took to reach its own best).
     * Ratios, for every fast algorithm: reference / fast for s/iter and for time to each level (bootstrap over the
       seeds of both; a time ratio only when every seed of both reached the level), the cost model's and the counted
       rows' ratios, and the paper's.
@@ -156,8 +158,8 @@ def comparisons(result: dict[str, Any]) -> dict[str, Any]:
                 "before": stats.summarize(
                     [numeric(r["evals"][0].get(key)) if r["evals"] else None for r in runs], **kw
                 ),
-                "after": stats.summarize([_final(r, key) for r in runs], **kw),
-                "best": stats.summarize([_best(r, key) for r in runs], **kw),
+                "after": stats.summarize([final_value(r, key) for r in runs], **kw),
+                "best": stats.summarize([best_value(r, key) for r in runs], **kw),
             }
         out["equal_iterations"]["heldout"][key] = eq_it
         out["equal_wall_time"]["heldout"][key] = eq_t
@@ -168,8 +170,8 @@ def comparisons(result: dict[str, Any]) -> dict[str, Any]:
         ref_runs = by_algo[reference]
         levels: dict[str, Any] = {}
         for level_name, per_seed in (
-            ("best", [_best(r, metric) for r in ref_runs]),
-            ("final", [_final(r, metric) for r in ref_runs]),
+            ("best", [best_value(r, metric) for r in ref_runs]),
+            ("final", [final_value(r, metric) for r in ref_runs]),
         ):
             values = [v for v in per_seed if v is not None]
             if not values:
@@ -182,7 +184,7 @@ def comparisons(result: dict[str, Any]) -> dict[str, Any]:
                 "by_algorithm": {name: _time_to(runs, metric, level, kw) for name, runs in by_algo.items()},
             }
         out["levels"] = levels
-        out["own_best"] = _own_best(by_algo, reference, fast, metric, kw)
+        out["own_best"] = own_best(by_algo, reference, fast, metric, kw)
     out["ratios"] = {}
     if reference in by_algo:
         ref_med = [r["s_per_iter"]["median"] for r in by_algo[reference]]

@@ -23,6 +23,7 @@ from rlpost.apps.host import get_host
 from rlpost.bench.aggregate import aggregate, eval_metrics
 from rlpost.bench.compare import comparisons
 from rlpost.bench.costmodel import Calibration, calibrate, predicted_counts
+from rlpost.bench.field import alarm_verdicts, field_comparisons
 from rlpost.bench.measure import PHASES, AlgoState, IterRecord, bench_result, run_key
 from rlpost.bench.report import write_outputs
 from rlpost.bench.spec import AlgoSpec, BenchSpec
@@ -266,6 +267,8 @@ class Bench:
         """Everything measured and predicted, per run and aggregated over seeds, as a JSON-ready dict."""
         assert self.calibration is not None
         out = json_safe(bench_result(self.spec, self.algos, self.calibration, time.perf_counter() - self.started))
+        alarm_verdicts(out)
         out["algorithms"] = aggregate(out)
         out["comparisons"] = comparisons(out)
+        out["field"] = field_comparisons(out)
         return json_safe(out)  # type: ignore[no-any-return]

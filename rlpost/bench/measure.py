@@ -226,6 +226,8 @@ def bench_result(spec: BenchSpec, algos: list[AlgoState], calib: Calibration, wa
             },
             "algorithms": [vars(a) for a in spec.algorithms],
             "paper": spec.paper,
+            "levels": spec.levels,
+            "claims": spec.claims,
         },
         "calibration": vars(calib),
         "peak_rss_gb_process": peak_rss_gb(),

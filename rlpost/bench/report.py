@@ -9,6 +9,7 @@ from typing import Any
 
 import rlpost.bench.stats as stats
 from rlpost.bench.aggregate import numeric
+from rlpost.bench.field_tables import field_tables
 from rlpost.bench.plot import plot_wallclock
 from rlpost.bench.tables import ci, fmt, heldout_tables, level_tables, own_best_table, ratio_table
 
@@ -81,6 +82,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ratio_table(result, algos, comp)
     lines += level_tables(result, algos, comp)
     lines += own_best_table(result, algos, comp)
+    lines += field_tables(result, algos)
     if comp.get("conclusions"):
         lines += ["", "## Conclusions (a direction only where the intervals separate)", ""]
         lines += [f"* {c}" for c in comp["conclusions"]]

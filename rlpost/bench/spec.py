@@ -52,6 +52,9 @@ class BenchSpec:
     """The ``bench`` section, the algorithms and the ``paper`` section (see the module docstring).
 
     ``seeds=None`` runs each algorithm once with its recipe's own ``run.seed``. ``fast`` is one name or several.
+    ``levels`` are fixed values of the primary held-out metric whose time to reach the report gives for every
+    algorithm; ``claims`` are ``{fast, slow, published}`` pairs of algorithms with a published speed-up
+    (:mod:`rlpost.bench.field`).
     ``paper`` is normalised by :func:`load_bench` to ``{"source": str, "notes": {name: str}, QUANTITY: {"source":
     str, "values": {name: float}, "notes": {name: str}}}``.
     """
@@ -74,6 +77,8 @@ class BenchSpec:
     confidence: float = stats.DEFAULT_CONFIDENCE
     bootstrap_seed: int = 0
     paper: dict[str, Any] = field(default_factory=dict)
+    levels: list[float] = field(default_factory=list)
+    claims: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def fast_names(self) -> list[str]:
@@ -90,7 +95,7 @@ def as_names(value: Any) -> list[str]:
 
 KNOWN = (
     "output_dir base seeds num_seeds schedule time_budget_s max_iterations eval_every reference fast metric bootstrap "
-    "calibration overrides"
+    "calibration overrides levels claims"
 ).split()
 """The keys of the ``bench`` section."""
 
@@ -169,6 +174,8 @@ def load_bench(path: str, overrides: Sequence[tuple[str, str]] = ()) -> BenchSpe
         ),
         bootstrap_seed=_typed(boot, "seed", 0, int, "an integer", problems, "bench.bootstrap"),
         paper=parse_paper(data.get("paper"), names, problems),
+        levels=_levels(bench.get("levels"), problems),
+        claims=_claims(bench.get("claims"), names, problems),
     )
     if spec.max_iterations < 1:
         problems.append(f"bench.max_iterations: must be >= 1, got {spec.max_iterations}")
@@ -214,6 +221,36 @@ def _algorithms(algos: Any, problems: list[str]) -> list[AlgoSpec]:
             )
         )
     return specs
+
+
+def _levels(value: Any, problems: list[str]) -> list[float]:
+    """``bench.levels``: a list of numbers (held-out metric values), fixed before the bench runs."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+        problems.append(f"bench.levels: a list of held-out metric values, got {short_repr(value)}")
+        return []
+    return [float(v) for v in value]
+
+
+def _claims(value: Any, names: list[str], problems: list[str]) -> list[dict[str, str]]:
+    """``bench.claims``: ``[{fast: NAME, slow: NAME, published: "what the paper claims, where"}]``."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        problems.append(f"bench.claims: a list of {{fast, slow, published}}, got {short_repr(value)}")
+        return []
+    out = []
+    for i, claim in enumerate(value):
+        if not isinstance(claim, dict) or set(claim) != {"fast", "slow", "published"}:
+            problems.append(f"bench.claims[{i}]: give exactly fast, slow and published, got {short_repr(claim)}")
+            continue
+        bad = [f"{k}={claim[k]!r}" for k in ("fast", "slow") if claim[k] not in names]
+        if bad:
+            problems.append(f"bench.claims[{i}]: {', '.join(bad)} not among the algorithms {names}")
+            continue
+        out.append({k: str(claim[k]) for k in ("fast", "slow", "published")})
+    return out
 
 
 def _typed(
