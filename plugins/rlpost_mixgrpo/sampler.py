@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -80,6 +80,13 @@ class MixGRPOSampler(Sampler):
         decay_rate: ``k`` of the ``decay`` strategy.
         decay_offset: Window start after which ``decay`` shortens ``τ``.
         window_seed: Seed of the ``random`` strategy.
+        shift_over: What moves the window: ``"iterations"`` (upstream: every ``shift_interval`` iterations, with
+            ``roll_back``), or the run's progress ``p``, so that the progressive window sweeps its starts ``0,
+            stride, 2·stride, ...`` once over the whole run, whatever its length or the machine's speed: ``"steps"``
+            (``p = step / (run.max_steps - 1)``) or ``"time"`` (``p`` = training seconds spent / ``budget_s``, capped
+            at 1; ``rlpost bench`` fills in its time budget). At progress ``p`` the window starts at the
+            ``floor(p·n)``-th of the ``n`` starts (the last one once ``p = 1``). Progressive strategy only.
+        budget_s: Training seconds of the run, with ``shift_over: time``.
         init_same_noise: Share the initial noise within a group (MixGRPO's script sets ``--init_same_noise``).
         dpm_after_window: MixGRPO-Flash: DPM-Solver++ (2M) with a compressed schedule after the window.
         compress_ratio: Flash's step compression after the window (0.4 Flash, 0.2 Flash*).
@@ -104,6 +111,8 @@ class MixGRPOSampler(Sampler):
         decay_rate: float = 0.1,
         decay_offset: int = 13,
         window_seed: int = 0,
+        shift_over: Literal["iterations", "steps", "time"] = "iterations",
+        budget_s: float | None = None,
         init_same_noise: bool = True,
         dpm_after_window: bool = False,
         compress_ratio: Annotated[float, Range(gt=0, le=1)] = 0.4,
@@ -131,6 +140,10 @@ class MixGRPOSampler(Sampler):
             decay_offset=decay_offset,
             seed=window_seed,
         )
+        self.shift_over = shift_over
+        self.budget_s = None if budget_s is None else float(budget_s)
+        self._progress = 0.0  # the run's progress at the coming step (shift_over: steps or time)
+        self._spent_s = 0.0  # training seconds so far (shift_over: time), in state_dict
         self._kernels: list[StepKernel | None] = [
             make_kernel("flow-sde", noise_level=self.noise_level),
             make_kernel("ode"),
@@ -140,7 +153,23 @@ class MixGRPOSampler(Sampler):
     def validate(self, recipe: Any) -> list[str]:
         """Check the window settings and that the window fits the schedule (the ranges of ``num_steps``, the noise
         level, Flash's compression, ``shift`` and ``chunk_size`` are declared on the arguments)."""
-        return [f"sampler.init_args.{p}" for p in self.scheduler.problems()]
+        problems = [f"sampler.init_args.{p}" for p in self.scheduler.problems()]
+        if self.shift_over not in ("iterations", "steps", "time"):
+            problems.append(f"sampler.init_args.shift_over: 'iterations', 'steps' or 'time', got {self.shift_over!r}")
+        elif self.shift_over != "iterations":
+            where = f"sampler.init_args.shift_over: {self.shift_over}"
+            if self.scheduler.strategy != "progressive" or self.scheduler.stride < 1:
+                problems.append(
+                    f"{where} sweeps a progressive window (window_strategy progressive, window_stride >= 1)"
+                )
+            if self.shift_over == "time" and not (self.budget_s is not None and self.budget_s > 0):
+                problems.append(
+                    f"sampler.init_args.budget_s: shift_over: time needs the run's training-time budget in seconds "
+                    f"(rlpost bench fills in its own), got {self.budget_s}"
+                )
+        if self.shift_over != "time" and self.budget_s is not None:
+            problems.append("sampler.init_args.budget_s: only used with shift_over: time")
+        return problems
 
     # ---------------------------------------------------------------------------------------------- planning
     def schedule(self, sigmas: Tensor, window: tuple[int, int]) -> tuple[Tensor, list[int]]:
@@ -161,9 +190,27 @@ class MixGRPOSampler(Sampler):
         return end + max(1, math.floor((self.num_steps - end) * self.compress_ratio))
 
     # --------------------------------------------------------------------------------------------- sampling
+    def begin_run_step(self, step: int, max_steps: int) -> None:
+        """With ``shift_over: steps``: the run's progress at ``step`` (time progress is summed in
+        :meth:`end_run_step`)."""
+        if self.shift_over == "steps":
+            self._progress = step / (max_steps - 1) if max_steps > 1 else 0.0
+
+    def end_run_step(self, seconds: float) -> None:
+        """With ``shift_over: time``: add the step's training seconds to the run's progress."""
+        if self.shift_over == "time" and self.budget_s:
+            self._spent_s += float(seconds)
+            self._progress = min(1.0, self._spent_s / self.budget_s)
+
     def begin_step(self, step: int, generator: torch.Generator) -> None:
-        """Bring the window scheduler to ``step`` (one iteration per training step; no random draw)."""
-        self.scheduler.advance_to(step)
+        """Bring the window scheduler to ``step`` (one iteration per training step; no random draw); over the run
+        (``shift_over`` steps or time), place the window by the run's progress instead."""
+        if self.shift_over == "iterations":
+            self.scheduler.advance_to(step)
+            return
+        starts = range(0, self.scheduler.limit - self.scheduler.window_size + 1, self.scheduler.stride)
+        self.scheduler.start = starts[min(len(starts) - 1, math.floor(self._progress * len(starts)))]
+        self.scheduler.iteration = step
 
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
         """Sample every chain with the step's window (the scheduler is not advanced here: see :meth:`begin_step`)."""
@@ -207,9 +254,14 @@ class MixGRPOSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         """The window scheduler's position: the last begun step's window (``begin_step`` of the next step advances it,
         so a resume continues the window sequence)."""
-        return {"window": self.scheduler.state_dict()}
+        state: dict[str, Any] = {"window": self.scheduler.state_dict()}
+        if self.shift_over != "iterations":  # the run's progress (training seconds over time)
+            state |= {"progress": self._progress, "spent_s": self._spent_s}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the window scheduler."""
+        """Restore the window scheduler and the run's progress."""
         if "window" in state:
             self.scheduler.load_state_dict(state["window"])
+        self._progress = float(state.get("progress", 0.0))
+        self._spent_s = float(state.get("spent_s", 0.0))

@@ -98,6 +98,11 @@ class Bench:
         # A schedule over the run's time (lr_scheduler: rlpost.RunLengthLR, over: time) ends with the bench's budget.
         if self.spec.time_budget_s is not None and "lr_scheduler" in cfg:
             cfg["lr_scheduler"] = bind_time_budget(cfg["lr_scheduler"], self.spec.time_budget_s)
+        # So does a sampler schedule over time (init_args shift_over: time, e.g. MixGRPO's window over the run).
+        sampler_args = (cfg.get("sampler") or {}).get("init_args") if isinstance(cfg.get("sampler"), dict) else None
+        if self.spec.time_budget_s is not None and isinstance(sampler_args, dict):
+            if sampler_args.get("shift_over") == "time" and sampler_args.get("budget_s") is None:
+                sampler_args["budget_s"] = self.spec.time_budget_s
         # The run directory names the seed the run really uses (the recipe's own when bench.seeds is unset).
         run_cfg = cfg.setdefault("run", {})
         if isinstance(run_cfg, dict):

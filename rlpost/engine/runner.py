@@ -213,6 +213,7 @@ class Runner:
         self.phases.start_step()
         self.guards.begin_step()
         lr_schedule.begin_step(self.backend.scheduler, self.ctx.step, r.run.max_steps)  # a schedule over the run
+        r.sampler.begin_run_step(self.ctx.step, r.run.max_steps)
         rollout, scores = self._sample_and_score()  # each rank samples and scores its own groups
         view = shard.gather(rollout, scores, self.guards)  # whole groups of every rank (the rollout itself locally)
         self.stream.observe(view.rollout, view.scores)  # identical on every rank (run.min_group_spread)
@@ -233,7 +234,9 @@ class Runner:
         metrics = step_metrics(view.rollout, view.scores, adv_metrics, update, self.phases, self.ratio_check)
         metrics |= self.guards.metrics()
         metrics |= self.stream.metrics()
-        lr_schedule.end_step(self.backend.scheduler, metrics["perf/step_sec"], shard.max_over_ranks)
+        slowest = shard.max_over_ranks(metrics["perf/step_sec"])  # a collective: every rank gets the same seconds
+        lr_schedule.end_step(self.backend.scheduler, slowest)
+        r.sampler.end_run_step(slowest)
         self.ctx.step += 1
         assert self.copies is not None
         metrics |= self.copies.update(self.ctx.step)

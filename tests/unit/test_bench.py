@@ -613,3 +613,22 @@ def test_bench_binds_its_time_budget_to_a_learning_rate_schedule_over_time(
     scheduler.end_step(60.0)
     scheduler.begin_step(1, 1000)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.25)  # 60 of the bench's 80 s spent
+
+
+def test_bench_binds_its_time_budget_to_a_sampler_schedule_over_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampler whose schedule runs over time (MixGRPO's ``shift_over: time``) gets bench.time_budget_s as its
+    budget_s; a recipe's own budget is kept."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(SD3Policy, "setup", lambda self, device: pytest.fail("validation loaded a model"))
+    digits = "recipes/bench/digits"
+    over = {"sampler.init_args.shift_over": "time"}
+    arms = [
+        bench.AlgoSpec("mix", "Mix", [f"{digits}/mixgrpo.yaml"], over),
+        bench.AlgoSpec("own", "Own", [f"{digits}/mixgrpo.yaml"], {**over, "sampler.init_args.budget_s": 30.0}),
+    ]
+    spec = bench.BenchSpec(output_dir=str(tmp_path), base=[f"{digits}/base.yaml"], algorithms=arms, time_budget_s=80.0)
+    runner = bench.Bench(spec, host=build_host(), log=lambda msg: None)
+    assert runner._recipe(arms[0], 3).config["sampler"]["init_args"]["budget_s"] == 80.0
+    assert runner._recipe(arms[1], 3).config["sampler"]["init_args"]["budget_s"] == 30.0

@@ -197,3 +197,15 @@ def test_every_rank_is_told_the_slowest_ranks_seconds():
     shard = GroupSharding(0, rank=0, world_size=2, gather=lambda value: [value, 5.0])
     end_step(scheduler, 2.0, shard.max_over_ranks)
     assert scheduler.elapsed_s == 5.0
+
+
+def test_the_runner_tells_the_sampler_the_runs_progress(tmp_path, host, monkeypatch):
+    """Sampler.begin_run_step / end_run_step (a sampler schedule over the run, e.g. MixGRPO's shift_over): before
+    each step its index and run.max_steps, after it the step's seconds (perf/step_sec), in order."""
+    calls: list[tuple] = []
+    monkeypatch.setattr(toy_components.ToyChainSampler, "begin_run_step", lambda self, s, n: calls.append(("b", s, n)))
+    monkeypatch.setattr(toy_components.ToyChainSampler, "end_run_step", lambda self, sec: calls.append(("e", sec)))
+    history = Runner(validate(toy_recipe(str(tmp_path / "run"), max_steps=3, device="cpu"), host), host).run()
+    assert [c[:2] if c[0] == "b" else c[0] for c in calls] == [("b", 0), "e", ("b", 1), "e", ("b", 2), "e"]
+    assert {c[2] for c in calls if c[0] == "b"} == {3}
+    assert [c[1] for c in calls if c[0] == "e"] == [m["perf/step_sec"] for m in history]

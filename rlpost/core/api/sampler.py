@@ -94,6 +94,26 @@ class Sampler(Component):
             generator: The step's CPU generator.
         """
 
+    def begin_run_step(self, step: int, max_steps: int) -> None:  # noqa: B027 - optional, no-op default
+        """How far the run has got, before each training step (before :meth:`begin_step`). Default: nothing.
+
+        For a schedule over the run's length rather than an iteration count (MixGRPO's window with ``shift_over:
+        steps``): ``step / (max_steps - 1)`` is the fraction of the run done, the same reading as
+        :class:`rlpost.RunLengthLR` ``over: steps``.
+
+        Args:
+            step: Index of the training step about to run (0-based).
+            max_steps: ``run.max_steps``.
+        """
+
+    def end_run_step(self, seconds: float) -> None:  # noqa: B027 - optional, no-op default
+        """The training step just run took ``seconds`` of wall time (the slowest rank's, identical on every rank).
+        Default: nothing.
+
+        For a schedule over a training-time budget (``shift_over: time``, as :class:`rlpost.RunLengthLR` ``over:
+        time``): a sampler that sums these keeps the sum in :meth:`state_dict`, so a resumed run continues it.
+        """
+
     @abstractmethod
     def rollout(self, policy: Policy, batch: PromptBatch, generator: torch.Generator) -> Rollout:
         """Sample images for ``batch``, recording nodes, edges and old log-probs. Runs under ``torch.no_grad``.

@@ -125,3 +125,54 @@ def test_two_iterations_end_to_end(tiny_sd3_dir, tmp_path) -> None:
     check_end_to_end(lines, probe)
     assert [line["sampler/window_start"] for line in lines] == [0.0, 1.0]
     assert lines[0]["train/edges"] == 8 * 2
+
+
+def _starts_over_run(sampler: MixGRPOSampler, steps: int, seconds: float = 0.0) -> list[int]:
+    """The window start of each of ``steps`` training steps, driven as the runner drives a sampler."""
+    out = []
+    for step in range(steps):
+        sampler.begin_run_step(step, steps)
+        sampler.begin_step(step, torch.Generator())
+        out.append(sampler.scheduler.window()[0])
+        sampler.end_run_step(seconds)
+    return out
+
+
+def test_window_over_the_runs_steps_sweeps_every_start_once() -> None:
+    # T = 10, w = 2: starts 0..6 (limit T - 2 = 8), stride 1 -> 7 starts, each for 1/7 of the run.
+    sampler = MixGRPOSampler(num_steps=10, window_size=2, window_stride=1, shift_over="steps")
+    assert sampler.validate(None) == []
+    starts = _starts_over_run(sampler, 71)
+    assert starts[0] == 0 and starts[-1] == 6 and starts == sorted(starts)
+    assert [starts.count(s) for s in range(7)] == [10, 10, 10, 10, 10, 10, 11]  # p = step / 70: 10 steps per start
+    # The same recipe over a run twice as long moves half as often: the schedule follows the run, not a count.
+    longer = _starts_over_run(MixGRPOSampler(num_steps=10, window_size=2, window_stride=1, shift_over="steps"), 141)
+    assert [longer.count(s) for s in range(7)] == [20, 20, 20, 20, 20, 20, 21]
+
+
+def test_window_over_a_time_budget_follows_the_seconds_and_resumes() -> None:
+    make = lambda: MixGRPOSampler(num_steps=10, window_size=2, window_stride=2, shift_over="time", budget_s=8.0)  # noqa: E731
+    sampler = make()  # starts 0, 2, 4, 6: a quarter of the budget each
+    assert _starts_over_run(sampler, 6, seconds=2.0) == [0, 2, 4, 6, 6, 6]  # the last once the budget is spent
+    slow = make()
+    assert _starts_over_run(slow, 6, seconds=1.0) == [0, 0, 2, 2, 4, 4]  # half the speed: half as far
+    resumed = make()
+    resumed.load_state_dict(slow.state_dict())
+    resumed.begin_run_step(6, 100)
+    resumed.begin_step(6, torch.Generator())
+    assert resumed.scheduler.window()[0] == 6  # 6 of 8 s spent
+    assert slow.state_dict()["spent_s"] == 6.0
+
+
+def test_window_over_the_run_is_checked() -> None:
+    assert "budget_s: shift_over: time needs the run's training-time budget" in " ".join(
+        MixGRPOSampler(shift_over="time").validate(None)
+    )
+    assert "only used with shift_over: time" in " ".join(MixGRPOSampler(budget_s=60.0).validate(None))
+    assert "sweeps a progressive window" in " ".join(
+        MixGRPOSampler(shift_over="steps", window_strategy="random").validate(None)
+    )
+    assert "sweeps a progressive window" in " ".join(MixGRPOSampler(shift_over="steps", window_stride=0).validate(None))
+    # The default stays upstream's: every shift_interval iterations.
+    default = MixGRPOSampler(num_steps=10, window_size=2, shift_interval=2)
+    assert _starts_over_run(default, 5) == [0, 0, 1, 1, 2]
