@@ -21,6 +21,7 @@ BENCHES = sorted((ROOT / "recipes" / "bench").glob("*.yaml"))
 SUB_BENCHES = sorted(p for p in (ROOT / "recipes" / "bench" / "digits").glob("*_bench.yaml") if "field" not in p.name)
 FIELD = ROOT / "recipes" / "bench" / "digits" / "field_bench.yaml"
 FIELD_TUNING = ROOT / "recipes" / "bench" / "digits" / "field_tuning_bench.yaml"
+FIELD_MIX_WINDOW = ROOT / "recipes" / "bench" / "digits" / "field_mixgrpo_window_bench.yaml"
 TINY_ALGOS = {"treegrpo-paper", "treegrpo-code", "dancegrpo", "mixgrpo", "ddpo"}
 TINY_SEEDS = [0, 1]
 
@@ -205,6 +206,19 @@ def test_field_benches_validate(monkeypatch: pytest.MonkeyPatch) -> None:
             k: v for k, v in config.items() if k not in ("eval", "run")
         }, name
     assert len(trials) == 3 * len(configs)
+    # The MixGRPO window ablation: the field's MixGRPO arm, and the same with the window swept over the budget.
+    window = bench.load_bench(str(FIELD_MIX_WINDOW))
+    driver = bench.Bench(window, host=build_host(), log=lambda msg: None)
+    arms = {a.name: driver._recipe(a, 0).config for a in window.algorithms}  # binds the budget as a bench run does
+    assert window.seeds == field.seeds and window.time_budget_s == field.time_budget_s
+    assert {k: v for k, v in arms["mixgrpo"].items() if k != "run"} == {
+        k: v for k, v in configs["mixgrpo"].items() if k != "run"
+    }
+    over = arms["mixgrpo-over-budget"]
+    assert over["sampler"]["init_args"]["shift_over"] == "time" and over["sampler"]["init_args"]["budget_s"] == 60
+    schedule = ("shift_over", "budget_s")
+    over_args = {k: v for k, v in over["sampler"]["init_args"].items() if k not in schedule}
+    assert over_args == {k: v for k, v in arms["mixgrpo"]["sampler"]["init_args"].items() if k not in schedule}
 
 
 @pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.name)
