@@ -5,7 +5,8 @@
   level a fast method must reach to be ahead of the whole field). A seed that never reached a level within its
   budget is *censored*: its time is counted as its whole training time, a lower bound of the time it would have
   needed, so an algorithm with censored seeds can only look faster than it is. The fastest algorithm (all seeds
-  reached, lowest mean) is called ahead of another only where their intervals separate.
+  reached, lowest mean) is called ahead of another only where their intervals separate. Each second judge's value
+  at that first evaluation is kept: a level reached while the judge lags says the reward, not the images, got there.
 * **Final ranking** on every held-out metric: the algorithm with the highest mean final value, and which others
   its interval separates from.
 * **The late fall**: per algorithm and held-out metric, each seed's best evaluation minus its final one (a second
@@ -31,9 +32,12 @@ from rlpost.bench.spec import as_names
 __all__ = ["alarm_verdicts", "field_comparisons"]
 
 
-def _censored_times(runs: list[dict[str, Any]], key: str, level: float, kw: dict[str, Any]) -> dict[str, Any]:
+def _censored_times(
+    runs: list[dict[str, Any]], key: str, level: float, judges: list[str], kw: dict[str, Any]
+) -> dict[str, Any]:
     """Each seed's training time at its first evaluation at or above ``level``; a seed that never got there counts
-    its whole training time (a lower bound) and is marked in ``censored``."""
+    its whole training time (a lower bound) and is marked in ``censored``. ``judges``: each judge's value at that
+    evaluation (over the seeds that reached the level), so a level reached by hacking the reward shows."""
     hits = [stats.first_reach(r["evals"], key, level) for r in runs]
     times = [float(h["train_time_s"]) if h else float(r["train_time_s"]) for h, r in zip(hits, runs, strict=True)]
     return {
@@ -43,14 +47,20 @@ def _censored_times(runs: list[dict[str, Any]], key: str, level: float, kw: dict
         "times_s": times,
         "iterations": [int(h["iteration"]) if h else None for h in hits],
         "time_s": stats.summarize(times, **kw),
+        "judges": {j: stats.summarize([numeric(h.get(j)) if h else None for h in hits], **kw) for j in judges},
     }
 
 
 def _level_entry(
-    by_algo: dict[str, list[dict[str, Any]]], key: str, level: float, source: str, kw: dict[str, Any]
+    by_algo: dict[str, list[dict[str, Any]]],
+    key: str,
+    level: float,
+    source: str,
+    judges: list[str],
+    kw: dict[str, Any],
 ) -> dict[str, Any]:
     """Every algorithm's (censored) time to ``level`` and who is ahead of whom with separated intervals."""
-    times = {name: _censored_times(runs, key, level, kw) for name, runs in by_algo.items()}
+    times = {name: _censored_times(runs, key, level, judges, kw) for name, runs in by_algo.items()}
     complete = [n for n, t in times.items() if t["reached"] == t["n"]]
     fastest = min(complete, key=lambda n: times[n]["time_s"]["mean"]) if complete else None
     ahead_of: list[str] = []
@@ -130,12 +140,14 @@ def field_comparisons(result: dict[str, Any]) -> dict[str, Any]:
     kw = stats_kwargs(result)
     spec = result.get("spec", {})
     fast = set(as_names(spec.get("fast")))
-    levels = [_level_entry(by_algo, metric, float(v), "fixed", kw) for v in spec.get("levels") or []]
+    judges = [k for k in keys if "/judge/" in k]
+    levels = [_level_entry(by_algo, metric, float(v), "fixed", judges, kw) for v in spec.get("levels") or []]
     peers = {n: stats.summarize([final_value(r, metric) for r in runs], **kw) for n, runs in by_algo.items()}
     peers = {n: s for n, s in peers.items() if n not in fast and s["n"]}
     if peers and fast:
         best_peer = max(peers, key=lambda n: peers[n]["mean"])
-        levels.append(_level_entry(by_algo, metric, peers[best_peer]["mean"], f"best peer: {best_peer}", kw))
+        level = peers[best_peer]["mean"]
+        levels.append(_level_entry(by_algo, metric, level, f"best peer: {best_peer}", judges, kw))
     return {
         "metric": metric,
         "levels": levels,

@@ -7,6 +7,7 @@ from typing import Any
 
 from rlpost.bench.aggregate import numeric
 from rlpost.bench.tables import ci, fmt
+from rlpost.engine.evaluation.alarm import STATS
 
 __all__ = ["field_tables"]
 
@@ -36,8 +37,19 @@ def _alarm_cell(verdicts: list[dict[str, Any] | None]) -> str:
         elif v["fired_iteration"] is None:
             cells.append("silent")
         else:
-            cells.append(f"**fired @ it {v['fired_iteration']}**")
+            cells.append(f"**fired @ it {v['fired_iteration']}** ({_causes(v.get('reasons') or [])})")
     return ", ".join(cells)
+
+
+def _causes(reasons: list[str]) -> str:
+    """What fired the alarm, in short: ``judge`` (a judge fell while the reward rose) and/or the drifted image
+    statistics (``brightness``, ``saturation``, ``diversity``), from the detector's reason sentences."""
+    found = []
+    for reason in reasons:
+        cause = "judge" if " judge " in reason else next((w for w in STATS if f"image {w}" in reason), "other")
+        if cause not in found:
+            found.append(cause)
+    return "+".join(found) or "?"
 
 
 def _level_section(algos: dict[str, Any], levels: list[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
@@ -58,6 +70,18 @@ def _level_section(algos: dict[str, Any], levels: list[dict[str, Any]], spec: di
     for name, a in algos.items():
         cells = [_time_cell(lv["by_algorithm"][name]) for lv in levels if name in lv["by_algorithm"]]
         lines.append(f"| {a['label']} | {a['preset']} | " + " | ".join(cells) + " |")
+    judges = list(levels[0]["by_algorithm"][next(iter(levels[0]["by_algorithm"]))].get("judges") or {})
+    for judge in judges:
+        lines += [
+            "",
+            f"Second judge `{judge}` at the evaluation where each level was first reached (seeds that reached it):",
+            "",
+            "| Method | preset | " + " | ".join(f"{lv['level']:.3f}" for lv in levels) + " |",
+            "|---|---|" + "---:|" * len(levels),
+        ]
+        for name, a in algos.items():
+            cells = [ci(lv["by_algorithm"][name]["judges"].get(judge)) for lv in levels if name in lv["by_algorithm"]]
+            lines.append(f"| {a['label']} | {a['preset']} | " + " | ".join(cells) + " |")
     lines.append("")
     for lv in levels:
         if lv["fastest"] is None:
@@ -90,7 +114,8 @@ def _fall_section(algos: dict[str, Any], field: dict[str, Any]) -> list[str]:
         "## The field: late fall (each seed's best evaluation minus its final one) and the reward-hacking alarm",
         "",
         "The alarm is the detector of rlpost/engine/evaluation/alarm.py at its default thresholds, replayed over each "
-        "run's saved evaluation images after the bench (the bench runs train with it off); one verdict per seed.",
+        "run's saved evaluation images after the bench (the bench runs train with it off); one verdict per seed, with "
+        "its cause: `judge` (the second judge fell while the reward rose) or the image statistic that drifted.",
         "",
         "| Method | preset | " + " | ".join(f"`{k}` fall" for k in keys) + " | alarm per seed |",
         "|---|---|" + "---:|" * len(keys) + "---|",

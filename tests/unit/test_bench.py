@@ -22,6 +22,7 @@ SUB_BENCHES = sorted(p for p in (ROOT / "recipes" / "bench" / "digits").glob("*_
 FIELD = ROOT / "recipes" / "bench" / "digits" / "field_bench.yaml"
 FIELD_TUNING = ROOT / "recipes" / "bench" / "digits" / "field_tuning_bench.yaml"
 FIELD_MIX_WINDOW = ROOT / "recipes" / "bench" / "digits" / "field_mixgrpo_window_bench.yaml"
+FIELD_TREENFT_BUDGET = ROOT / "recipes" / "bench" / "digits" / "field_treenft_budget_bench.yaml"
 TINY_ALGOS = {"treegrpo-paper", "treegrpo-code", "dancegrpo", "mixgrpo", "ddpo"}
 TINY_SEEDS = [0, 1]
 
@@ -219,6 +220,24 @@ def test_field_benches_validate(monkeypatch: pytest.MonkeyPatch) -> None:
     schedule = ("shift_over", "budget_s")
     over_args = {k: v for k, v in over["sampler"]["init_args"].items() if k not in schedule}
     assert over_args == {k: v for k, v in arms["mixgrpo"]["sampler"]["init_args"].items() if k not in schedule}
+    # TreeNFT with its learning rate decaying to 0 over the budget: the field's TreeNFT arm plus the schedule.
+    budget = bench.load_bench(str(FIELD_TREENFT_BUDGET))
+    driver = bench.Bench(budget, host=build_host(), log=lambda msg: None)
+    arms = {a.name: driver._recipe(a, 0).config for a in budget.algorithms}
+    assert {k: v for k, v in arms["treenft"].items() if k != "run"} == {
+        k: v for k, v in configs["treenft"].items() if k != "run"
+    }
+    decay = arms["treenft-decay"]
+    assert decay["lr_scheduler"]["init_args"] == {
+        "shape": "linear",
+        "warmup": 0.0,
+        "final": 0.0,
+        "over": "time",
+        "budget_s": 60,
+    }
+    assert {k: v for k, v in decay.items() if k not in ("run", "lr_scheduler")} == {
+        k: v for k, v in arms["treenft"].items() if k not in ("run", "lr_scheduler")
+    }
 
 
 @pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.name)

@@ -60,6 +60,9 @@ def test_time_to_fixed_levels_censors_unreached_seeds_at_their_training_time() -
     # slow reached 0.8 only in seed 0 (0.81 at 15 s); seeds 1 and 2 count their whole 15 s of training.
     assert slow["reached"] == 1 and slow["censored"] == [False, True, True] and slow["times_s"] == [15.0] * 3
     assert slow["iterations"] == [15, None, None]
+    # The judge where the level was first reached: tree's 0.7 at 5 s, peer's 0.7 at 10 s, slow's 0.5 (seed 0 only).
+    assert tree["judges"][JUDGE]["mean"] == pytest.approx(0.7) and peer["judges"][JUDGE]["mean"] == pytest.approx(0.7)
+    assert slow["judges"][JUDGE]["n"] == 1 and slow["judges"][JUDGE]["mean"] == 0.5
     assert fixed["fastest"] == "tree" and set(fixed["ahead_of"]) == {"peer", "slow"} and not fixed["not_separated"]
     # The best peer's level: the highest mean final among the non-fast algorithms (peer: mean of 0.82, 0.83, 0.84).
     assert best_peer["source"] == "best peer: peer" and best_peer["level"] == pytest.approx(0.83)
@@ -88,7 +91,11 @@ def test_ranking_late_fall_and_alarm_columns() -> None:
     assert fall[JUDGE]["peer"]["mean"] == pytest.approx(0.3)  # best 0.9, final 0.6
     assert fall[JUDGE]["tree"]["mean"] == 0.0 and fall[KEY]["tree"]["mean"] == 0.0
     assert field["alarm"]["tree"] == [None, None, None]  # runs without a replayed verdict
-    result["runs"]["peer/seed1"]["alarm"] = {"fired_iteration": 10, "reasons": ["judge j fell"], "max_judge_drop": 0.3}
+    result["runs"]["peer/seed1"]["alarm"] = {
+        "fired_iteration": 10,
+        "reasons": ["r +0.1 over the last 3 evaluations while judge j fell 0.3 below its best"],
+        "max_judge_drop": 0.3,
+    }
     result["field"] = field_comparisons(result)
     md = bench.markdown(
         {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
@@ -96,8 +103,10 @@ def test_ranking_late_fall_and_alarm_columns() -> None:
     assert "## The field: time to held-out levels of `eval/r`" in md
     assert "| TREE | tree-preset | 3/3: 5.0 | 3/3: 10.0 |" in md
     assert "| SLOW | slow-preset | 1/3: >=15.0 |" in md
+    assert "Second judge `eval/r/judge/j` at the evaluation where each level was first reached" in md
+    assert "| SLOW | slow-preset | 0.500 (n=1) |" in md
     assert "fastest TREE; ahead with separated intervals of PEER, SLOW; not separated from none." in md
-    assert "| –, **fired @ it 10**, – |" in md
+    assert "| –, **fired @ it 10** (judge), – |" in md
 
 
 def test_claims_compare_the_pair_and_say_where_a_fast_seed_fell_short() -> None:
@@ -197,3 +206,15 @@ def test_report_only_with_a_recipe_takes_its_levels_and_claims(tmp_path: Path, c
     with pytest.raises(SystemExit):
         bench.main(["--report-only", str(tmp_path), "--recipe", str(recipe)])
     assert "its algorithms ['tree'] are not the result's ['peer', 'slow', 'tree']" in capsys.readouterr().err
+
+
+def test_alarm_causes_are_named_from_the_detectors_reasons() -> None:
+    from rlpost.bench.field_tables import _causes
+
+    reasons = [
+        "digit-alignment +0.072 over the last 3 evaluations while image brightness drifted +0.088 from step 0",
+        "digit-alignment +0.072 over the last 3 evaluations while image diversity drifted +0.099 from step 0",
+        "digit-alignment +0.037 over the last 3 evaluations while judge digit-judge fell 0.149 below its best",
+    ]
+    assert _causes(reasons) == "brightness+diversity+judge"
+    assert _causes(reasons[2:]) == "judge"
