@@ -446,9 +446,7 @@ def test_aggregate_over_seeds_equal_iterations_wall_time_levels_and_ratios() -> 
     assert own["by_algorithm"]["fast"]["times_s"] == [4, 4, 4] and own["ratios"]["fast"]["mean"] == pytest.approx(2.0)
     assert "ref" not in own["by_algorithm"]
     assert "FAST [fast-preset] faster than REF [ref-preset] (separated)" in " ".join(comp["conclusions"])
-    md = bench.markdown(
-        {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
-    )
+    md = _markdown(result)
     assert "### `eval/judge`" in md and "### `eval/r`" in md
     assert "| FAST | fast-preset |" in md and "2.41x" in md and "excludes 2.41 (below)" in md
     assert "mean best level, against its own time to its best" in md and "| 3/3 | 4.0 (n=3, all equal) |" in md
@@ -470,17 +468,13 @@ def test_report_gives_each_arms_speedups_and_guard_error() -> None:
     guard = result["algorithms"]["fast"]["ratio_guard"]
     assert guard["max_error"] == 5e-9 and guard["per_seed"] == [2e-9, 5e-9, 3e-9] and guard["tolerance"] == 1e-3
     assert result["algorithms"]["ref"]["ratio_guard"] is None
-    md = bench.markdown(
-        {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
-    )
+    md = _markdown(result)
     assert "## Speed-ups and the ratio guard" in md
     assert "| FAST | fast-preset | compile=both | 5e-09 | 2e-09, 5e-09, 3e-09 | 0.001 | 20.0 |" in md
     assert "| REF | ref-preset | none | – | – | – | – |" in md
     assert "| OVL | ovl-preset | overlap_groups=1 | not run (changes no ratio) | – | – | – |" in md
     plain = _result([r for r in runs if r["algorithm"] == "ref"], [], "ref")  # no arm with a speed-up: no section
-    md = bench.markdown(
-        {**plain, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
-    )
+    md = _markdown(plain)
     assert "ratio guard" not in md
 
 
@@ -500,9 +494,7 @@ def test_overlapping_seeds_are_reported_not_separated_and_unreached_levels_hones
     assert lv["reached"] == 2 and lv["times_s"][2] is None and lv["iterations"][2] is None
     assert "not_reached" in comp["ratios"]["slow"]["time_to_level"]["best"]
     assert comp["own_best"]["ratios"]["slow"] == {"not_reached": "slow 2/3 seeds"}
-    md = bench.markdown(
-        {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
-    )
+    md = _markdown(result)
     assert "not reached" in md and "not separated" in md
     assert "| 2/3 (**not reached** by all) |" in md and "| not computed | – |" in md
     # The ratio's own interval may exclude 1 while the two intervals overlap: shown, but not stated as a difference.
@@ -541,6 +533,15 @@ def test_report_only_reads_a_single_seed_bench_json(tmp_path: Path) -> None:
     assert result["algorithms"]["a"]["s_per_iter"]["n"] == 1
     assert result["comparisons"]["ratios"]["a"]["s_per_iter"]["mean"] == pytest.approx(2.0)
     assert "| A | a |" in (tmp_path / "bench.md").read_text()
+
+
+def _full(result: dict[str, Any]) -> dict[str, Any]:
+    """A synthetic result with the machine, calibration and totals a written bench.json has."""
+    return {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    return bench.markdown(_full(result))
 
 
 def _machine() -> dict[str, Any]:

@@ -16,7 +16,7 @@ from rlpost.bench.field import alarm_verdicts, field_comparisons
 from rlpost.bench.field_tables import field_tables
 from rlpost.engine.evaluation import image_dir
 from rlpost.engine.recipe import RecipeError
-from tests.unit.test_bench import _calib, _machine, _result, _run
+from tests.unit.test_bench import _full, _markdown, _result, _run
 
 KEY, JUDGE = "eval/r", "eval/r/judge/j"
 
@@ -97,9 +97,7 @@ def test_ranking_late_fall_and_alarm_columns() -> None:
         "max_judge_drop": 0.3,
     }
     result["field"] = field_comparisons(result)
-    md = bench.markdown(
-        {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
-    )
+    md = _markdown(result)
     assert "## The field: time to held-out levels of `eval/r`" in md
     assert "| TREE | tree-preset | 3/3: 5.0 | 3/3: 10.0 |" in md
     assert "| SLOW | slow-preset | 1/3: >=15.0 |" in md
@@ -186,11 +184,7 @@ def test_alarm_verdicts_replay_each_run_and_name_what_cannot_be_replayed(tmp_pat
 
 def test_report_only_with_a_recipe_takes_its_levels_and_claims(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     result = _field([])
-    (tmp_path / "bench.json").write_text(
-        json.dumps(
-            {**result, "machine": _machine(), "calibration": _calib(), "bench_wall_s": 1.0, "peak_rss_gb_process": 1.0}
-        )
-    )
+    (tmp_path / "bench.json").write_text(json.dumps(_full(result)))
     recipe = tmp_path / "b.yaml"
     algorithms = "algorithms: [{name: tree, recipes: []}, {name: peer, recipes: []}, {name: slow, recipes: []}]\n"
     recipe.write_text(
