@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 import rlpost.bench.stats as stats
+from rlpost.bench.field_spec import parse_claims, parse_levels
 from rlpost.bench.paper import PAPER_QUANTITIES, parse_paper
 from rlpost.core.shipped import resolve_relative
 from rlpost.core.yaml_limits import load_yaml, short_repr
@@ -174,8 +175,8 @@ def load_bench(path: str, overrides: Sequence[tuple[str, str]] = ()) -> BenchSpe
         ),
         bootstrap_seed=_typed(boot, "seed", 0, int, "an integer", problems, "bench.bootstrap"),
         paper=parse_paper(data.get("paper"), names, problems),
-        levels=_levels(bench.get("levels"), problems),
-        claims=_claims(bench.get("claims"), names, problems),
+        levels=parse_levels(bench.get("levels"), problems),
+        claims=parse_claims(bench.get("claims"), names, problems),
     )
     if spec.max_iterations < 1:
         problems.append(f"bench.max_iterations: must be >= 1, got {spec.max_iterations}")
@@ -221,36 +222,6 @@ def _algorithms(algos: Any, problems: list[str]) -> list[AlgoSpec]:
             )
         )
     return specs
-
-
-def _levels(value: Any, problems: list[str]) -> list[float]:
-    """``bench.levels``: a list of numbers (held-out metric values), fixed before the bench runs."""
-    if value is None:
-        return []
-    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
-        problems.append(f"bench.levels: a list of held-out metric values, got {short_repr(value)}")
-        return []
-    return [float(v) for v in value]
-
-
-def _claims(value: Any, names: list[str], problems: list[str]) -> list[dict[str, str]]:
-    """``bench.claims``: ``[{fast: NAME, slow: NAME, published: "what the paper claims, where"}]``."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        problems.append(f"bench.claims: a list of {{fast, slow, published}}, got {short_repr(value)}")
-        return []
-    out = []
-    for i, claim in enumerate(value):
-        if not isinstance(claim, dict) or set(claim) != {"fast", "slow", "published"}:
-            problems.append(f"bench.claims[{i}]: give exactly fast, slow and published, got {short_repr(claim)}")
-            continue
-        bad = [f"{k}={claim[k]!r}" for k in ("fast", "slow") if claim[k] not in names]
-        if bad:
-            problems.append(f"bench.claims[{i}]: {', '.join(bad)} not among the algorithms {names}")
-            continue
-        out.append({k: str(claim[k]) for k in ("fast", "slow", "published")})
-    return out
 
 
 def _typed(
