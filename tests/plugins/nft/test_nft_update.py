@@ -8,69 +8,21 @@ same field with other values of ``a``, and ``∂ℓ/∂a`` can be formed here by
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-
 import pytest
 import torch
-from torch import Tensor, nn
 
-from rlpost import Advantages, TrainBackend, UpdateContext, grid_permutations, noise_for, sample_keys
+from rlpost import Advantages, UpdateContext, grid_permutations, noise_for, sample_keys
 from rlpost.engine.weight_copies import CopyConfig, EngineCopies
 from rlpost.testing import sample_rollout
 from rlpost_nft.loss import WEIGHT_FLOOR
 from rlpost_nft.update import OLD, NFTUpdate
 from tests.argument_checks import problems_of
-from tests.toy_components import ToyChainSampler, ToyPolicy
+from tests.plugins.old_copy_helpers import A_REF, RecordingBackend, RefToyPolicy
+from tests.toy_components import ToyChainSampler
 
-A_LIVE, A_OLD, A_REF = -1.0, -0.8, -0.6
+A_LIVE, A_OLD = -1.0, -0.8
 SEED, STEP = 11, 3
 ADVANTAGES = [-7.0, -2.0, 0.5, 1.5, 3.0, 8.0]  # beyond ±adv_clip_max on both sides
-
-
-class RefToyPolicy(ToyPolicy):
-    """The toy policy with a frozen reference: ``a`` held at :data:`A_REF` inside :meth:`reference`; it records the
-    ``guidance`` of every velocity call."""
-
-    guidances: list[float | None]
-
-    def velocity(self, latents: Tensor, sigma: Tensor, cond: Any, guidance: float | None = None) -> Tensor:
-        self.guidances = [*getattr(self, "guidances", []), guidance]
-        return super().velocity(latents, sigma, cond, guidance)
-
-    @contextmanager
-    def reference(self) -> Iterator[None]:
-        assert self.a is not None
-        saved = self.a.detach().clone()
-        with torch.no_grad():
-            self.a.fill_(A_REF)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                self.a.copy_(saved)
-
-
-class RecordingBackend(TrainBackend):
-    """Accumulates gradients and, at ``step``, keeps them instead of applying them (so the test can compare them)."""
-
-    def __init__(self, params: list[nn.Parameter]) -> None:
-        self.params = params
-        self.backward_calls = 0
-        self.steps = 0
-        self.grads: list[Tensor] = []
-
-    def backward(self, loss: Tensor) -> None:
-        self.backward_calls += 1
-        loss.backward()
-
-    def step(self) -> dict[str, float]:
-        self.steps += 1
-        self.grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        for p in self.params:
-            p.grad = None
-        return {"train/grad_norm": 0.0, "train/lr": 0.0}
 
 
 def _setup(guidance_scale: float = 1.0) -> tuple[RefToyPolicy, ToyChainSampler, EngineCopies, UpdateContext]:

@@ -18,6 +18,7 @@ from rlpost.core.plugins import PluginHost
 from rlpost.engine.recipe import RecipeError, validate
 from rlpost.engine.runner import Runner
 from rlpost_treenft.update import OLD
+from tests.plugins.old_copy_helpers import check_old_copy_lags, check_resume_bitwise
 from tests.unit.components.chain_helpers import check_recipe_trains_two_steps
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -39,12 +40,6 @@ def _cfg(tiny_sd3_dir: Path, out: Path, steps: int) -> dict[str, Any]:
     cfg["copies"] = {OLD: {"rate": 0.25, "cap": 0.5}}  # a copy that visibly lags within two steps
     cfg["checkpoint"] = {"every": 1}
     return cfg
-
-
-def _run(host: PluginHost, cfg: dict[str, Any], resume: str | None = None) -> Runner:
-    runner = Runner(validate(json.loads(json.dumps(cfg)), host), host, resume=resume)
-    runner.run()
-    return runner
 
 
 def test_two_steps_through_the_cli(tiny_sd3_dir, tmp_path, monkeypatch):
@@ -77,28 +72,13 @@ def test_step_runs_the_promised_rows_and_the_old_copy_lags(tmp_path, tiny_sd3_di
     assert metrics["copies/old_decay"] == 0.25 and metrics["train/optimizer_steps"] == 1
     for key in ("loss/policy", "loss/kl", "train/optimality_r_mean", "train/old_deviate", "train/sigma_mean"):
         assert key in metrics and torch.isfinite(torch.tensor(metrics[key])), key
-    live = runner.backend.parameters  # type: ignore[union-attr]
-    assert runner.copies is not None
-    old = runner.copies.shadows[OLD]
-    assert any(not torch.equal(p.detach(), s) for p, s in zip(live, start, strict=True)), "the step trained nothing"
-    for s, p, p0 in zip(old, live, start, strict=True):  # old = 0.25·start + 0.75·live after step 1
-        torch.testing.assert_close(s, 0.25 * p0 + 0.75 * p.detach(), rtol=1e-5, atol=1e-7)
+    check_old_copy_lags(runner, start, OLD, decay=0.25)  # copies.old rate 0.25 after step 1
 
 
 def test_resume_continues_weights_and_old_copy_bitwise(tmp_path, tiny_sd3_dir, host):
     """2 steps equal 1 step + resume + 1 step: the LoRA weights and the old copy (saved in the run state), hence the
     second rollout, which runs under the old copy."""
-    a = _run(host, _cfg(tiny_sd3_dir, tmp_path / "a", 2))
-    _run(host, _cfg(tiny_sd3_dir, tmp_path / "b", 1))
-    b = _run(host, _cfg(tiny_sd3_dir, tmp_path / "b", 2), resume="latest")
-    assert a.backend is not None and b.backend is not None and a.copies is not None and b.copies is not None
-    for x, y in zip(a.backend.parameters, b.backend.parameters, strict=True):
-        assert torch.equal(x, y)
-    for x, y in zip(a.copies.shadows[OLD], b.copies.shadows[OLD], strict=True):
-        assert torch.equal(x, y)
-    hist_a = [m["reward/weighted"] for m in a.ctx.history]
-    hist_b = json.loads((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()[-1])["reward/weighted"]
-    assert hist_b == hist_a[-1]
+    check_resume_bitwise(host, lambda out, steps: _cfg(tiny_sd3_dir, out, steps), tmp_path, OLD)
 
 
 @pytest.mark.parametrize(

@@ -9,18 +9,15 @@ field with other values of ``a``, so ``∂ℓ/∂a`` is formed here by autograd 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from rlpost import (
     Advantages,
     Rollout,
-    TrainBackend,
     UpdateContext,
     grid_permutations,
     leaves_below,
@@ -32,9 +29,9 @@ from rlpost.testing import sample_rollout
 from rlpost_treegrpo.sampler import TreeSampler
 from rlpost_treenft.update import OLD, TreeNFTUpdate
 from tests.argument_checks import problems_of
-from tests.toy_components import ToyPolicy
+from tests.plugins.old_copy_helpers import A_REF, RecordingBackend, RefToyPolicy
 
-A_LIVE, A_OLD, A_REF = -1.0, -0.8, -0.6
+A_LIVE, A_OLD = -1.0, -0.8
 SEED, STEP, M = 5, 2, 5.0
 SIGMAS = [1.0, 0.75, 0.5, 0.25, 0.0]
 PROMPTS = ["a red cube", "two cats"]
@@ -47,41 +44,6 @@ STEPS = [0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4]
 BELOW = {0: [0, 1, 2, 3], 1: [0, 1, 2, 3], 2: [0, 1], 3: [2, 3]}
 TRAINED = {"window": [1, 2, 3], "window+trunk": [0, 1, 2, 3]}
 ADVANTAGES = [-7.0, -2.0, 0.5, 1.5, 3.0, 8.0, -0.5, 0.0]  # beyond ±M on both sides
-
-
-class RefToyPolicy(ToyPolicy):
-    """The toy policy with a frozen reference: ``a`` held at :data:`A_REF` inside :meth:`reference`."""
-
-    @contextmanager
-    def reference(self) -> Iterator[None]:
-        assert self.a is not None
-        saved = self.a.detach().clone()
-        with torch.no_grad():
-            self.a.fill_(A_REF)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                self.a.copy_(saved)
-
-
-class RecordingBackend(TrainBackend):
-    """Accumulates gradients and keeps them at ``step`` instead of applying them."""
-
-    def __init__(self, params: list[nn.Parameter]) -> None:
-        self.params = params
-        self.backward_calls = 0
-        self.grads: list[Tensor] = []
-
-    def backward(self, loss: Tensor) -> None:
-        self.backward_calls += 1
-        loss.backward()
-
-    def step(self) -> dict[str, float]:
-        self.grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        for p in self.params:
-            p.grad = None
-        return {"train/grad_norm": 0.0, "train/lr": 0.0}
 
 
 def hand_built_tree() -> Rollout:
