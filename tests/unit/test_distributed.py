@@ -134,7 +134,9 @@ def _free_port() -> int:
 ABORT = "terminate called without an active exception"
 
 
-def _launch(recipe: Path, ranks: int, *extra: str) -> None:
+def _cpu_env() -> dict[str, str]:
+    """The environment of a CPU DeepSpeed subprocess: this one's, with the extension cache, the CPU accelerator, the
+    Hub offline and one OpenMP thread per rank."""
     env = dict(os.environ)
     env.update(
         {
@@ -144,6 +146,11 @@ def _launch(recipe: Path, ranks: int, *extra: str) -> None:
             "OMP_NUM_THREADS": "1",
         }
     )
+    return env
+
+
+def _launch(recipe: Path, ranks: int, *extra: str) -> None:
+    env = _cpu_env()
     cmd = [
         sys.executable,
         "-m",
@@ -263,15 +270,7 @@ def test_zero3_two_ranks(two_rank_zero2):
 
 def _rlpost_train(*args: str) -> subprocess.CompletedProcess[str]:
     """``rlpost train ARGS`` (the console script's module) in a subprocess, CPU DeepSpeed settings as ``_launch``."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions"),
-            "DS_ACCELERATOR": "cpu",
-            "HF_HUB_OFFLINE": "1",
-            "OMP_NUM_THREADS": "1",
-        }
-    )
+    env = _cpu_env()
     env.pop("WORLD_SIZE", None)
     cmd = [sys.executable, "-m", "rlpost.apps.cli", "train", *args]
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
