@@ -112,6 +112,23 @@ class PathSpec(NamedTuple):
     hub: HubSource | None = None
 
 
+def resolve_spec(reward: str, spec: PathSpec) -> Path:
+    """:func:`resolve_path` of one :class:`PathSpec` of the reward named ``reward``."""
+    return resolve_path(
+        spec.explicit, spec.default_name, reward=reward, what=spec.what, obtain=spec.obtain, is_dir=spec.is_dir,
+        hub=spec.hub,
+    )  # fmt: skip
+
+
+def resolve_specs(reward: str, specs: Sequence[PathSpec]) -> dict[str, Path]:
+    """Every checkpoint of ``specs`` resolved in order (a reward's ``setup``), by constructor argument.
+
+    Raises:
+        CheckpointNotFoundError: At the first one that is not installed.
+    """
+    return {spec.argument: resolve_spec(reward, spec) for spec in specs}
+
+
 def path_problems(reward: Any, recipe: Any, specs: Sequence[PathSpec]) -> list[str]:
     """Recipe problems for the checkpoints of ``reward`` that are not installed (validation: file checks only).
 
@@ -123,10 +140,7 @@ def path_problems(reward: Any, recipe: Any, specs: Sequence[PathSpec]) -> list[s
     problems = []
     for spec in specs:
         try:
-            resolve_path(
-                spec.explicit, spec.default_name, reward=reward.name, what=spec.what, obtain=spec.obtain,
-                is_dir=spec.is_dir, hub=spec.hub,
-            )  # fmt: skip
+            resolve_spec(reward.name, spec)
         except CheckpointNotFoundError as e:
             problems.append(f"{where}.init_args.{spec.argument}: {e}")
     return problems

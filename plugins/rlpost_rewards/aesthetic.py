@@ -16,7 +16,7 @@ from rlpost import HubFiles, RewardSource
 
 from ._common import DTypeName, check_images, check_scores, load_state_dict_file, to_dtype
 from ._hfclip import HFClip
-from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_path
+from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_specs
 
 __all__ = ["AestheticMLP", "AestheticReward", "load_aesthetic_head"]
 
@@ -113,20 +113,9 @@ class AestheticReward(RewardSource):
         if self._clip is not None:
             return
         device = torch.device(device)
-        clip_path = resolve_path(
-            self.clip_dir,
-            DEFAULT_CLIP_DIR,
-            reward=self.name,
-            what="CLIP ViT-L/14",
-            obtain=OBTAIN_CLIP,
-            is_dir=True,
-            hub=HUB_CLIP,
-        )
-        head_path = resolve_path(
-            self.head, DEFAULT_HEAD, reward=self.name, what="aesthetic head", obtain=OBTAIN_HEAD, hub=HUB_HEAD
-        )
-        head = load_aesthetic_head(head_path).to(device)
-        clip = HFClip.load(self.name, clip_path, device, self.dtype)
+        paths = resolve_specs(self.name, self._specs())
+        head = load_aesthetic_head(paths["head"]).to(device)
+        clip = HFClip.load(self.name, paths["clip_dir"], device, self.dtype)
         clip_model: Any = clip.model
         width = int(clip_model.config.projection_dim)
         if head.layers[0].in_features != width:

@@ -17,7 +17,7 @@ from rlpost import HubFiles, RewardSource
 
 from ._common import DTypeName, check_images, check_scores, to_dtype
 from ._openclip import OpenClipScorer
-from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_path
+from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_specs
 
 __all__ = ["CLIPScoreReward"]
 
@@ -73,9 +73,7 @@ class CLIPScoreReward(RewardSource):
         """Create the open_clip model from the local weights on ``device`` (once)."""
         if self._scorer is not None:
             return
-        path = resolve_path(
-            self.pretrained, DEFAULT_FILE, reward=self.name, what="open_clip weights", obtain=OBTAIN, hub=HUB
-        )
+        path = resolve_specs(self.name, self._specs())["pretrained"]
         self._scorer = OpenClipScorer.build(
             self.name, self.model_name, torch.device(device), self.dtype, pretrained=str(path)
         )

@@ -23,7 +23,7 @@ from rlpost import HubFiles, RewardSource
 
 from ._common import DTypeName, check_images, check_scores, load_state_dict_file, to_dtype
 from ._openclip import OpenClipScorer
-from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_path
+from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_specs
 
 __all__ = ["HPSv2Reward", "load_hps_state_dict"]
 
@@ -74,9 +74,7 @@ class HPSv2Reward(RewardSource):
         """Load the checkpoint into open_clip ``model_name`` on ``device`` (once; later calls are no-ops)."""
         if self._scorer is not None:
             return
-        path = resolve_path(
-            self.checkpoint, DEFAULT_FILE, reward=self.name, what="HPS-v2.1 checkpoint", obtain=OBTAIN, hub=HUB
-        )
+        path = resolve_specs(self.name, self._specs())["checkpoint"]
         state = load_hps_state_dict(path)
         device = torch.device(device)
         self._scorer = OpenClipScorer.build(

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from rlpost import HubFiles, RewardSource
 
 from ._common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, DTypeName, check_images, check_scores, clip_preprocess, to_dtype
-from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_path
+from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_specs
 
 __all__ = [
     "UNUSED_UPSTREAM_KEYS",
@@ -359,21 +359,8 @@ class ImageRewardReward(RewardSource):
         """Load the checkpoint and tokenizer from local files onto ``device`` (once)."""
         if self._model is not None:
             return
-        ckpt = resolve_path(
-            self.checkpoint, DEFAULT_CHECKPOINT, reward=self.name, what="checkpoint", obtain=OBTAIN, hub=HUB_CHECKPOINT
-        )
-        med = resolve_path(
-            self.med_config, DEFAULT_MED_CONFIG, reward=self.name, what="med config", obtain=OBTAIN, hub=HUB_MED_CONFIG
-        )
-        tok = resolve_path(
-            self.tokenizer_dir,
-            DEFAULT_TOKENIZER_DIR,
-            reward=self.name,
-            what="BERT tokenizer",
-            obtain=OBTAIN_TOKENIZER,
-            is_dir=True,
-            hub=HUB_TOKENIZER,
-        )
+        paths = resolve_specs(self.name, self._specs())
+        ckpt, med, tok = paths["checkpoint"], paths["med_config"], paths["tokenizer_dir"]
         model, cfg = load_imagereward(ckpt, med)
         self._tokenizer = load_blip_tokenizer(tok, int(cfg["vocab_size"]))
         self._device = torch.device(device)

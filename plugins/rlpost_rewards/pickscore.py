@@ -17,7 +17,7 @@ from rlpost import HubFiles, InvalidArguments, RewardSource
 
 from ._common import DTypeName, check_images, check_scores, to_dtype
 from ._hfclip import HFClip
-from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_path
+from ._paths import HubSource, PathSpec, hub_files_of, path_problems, resolve_specs
 
 __all__ = ["PickScoreReward"]
 
@@ -95,24 +95,8 @@ class PickScoreReward(RewardSource):
             return
         from transformers import AutoTokenizer
 
-        model_path = resolve_path(
-            self.model_dir,
-            DEFAULT_MODEL_DIR,
-            reward=self.name,
-            what="PickScore model",
-            obtain=OBTAIN_MODEL,
-            is_dir=True,
-            hub=HUB_MODEL,
-        )
-        tok_path = resolve_path(
-            self.tokenizer_dir,
-            DEFAULT_TOKENIZER_DIR,
-            reward=self.name,
-            what="CLIP-H tokenizer",
-            obtain=OBTAIN_TOKENIZER,
-            is_dir=True,
-            hub=HUB_TOKENIZER,
-        )
+        paths = resolve_specs(self.name, self._specs())
+        model_path, tok_path = paths["model_dir"], paths["tokenizer_dir"]
         tokenizer = AutoTokenizer.from_pretrained(str(tok_path), local_files_only=True)
         clip = HFClip.load(self.name, model_path, torch.device(device), self.dtype)
         if (tok_path / "preprocessor_config.json").is_file() and not (
